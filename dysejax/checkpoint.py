@@ -1,0 +1,100 @@
+"""Checkpoints with orbax: train state, data-iterator position and run metadata per step.
+
+orbax writes each step into a temporary directory and renames it when complete, so a kill at
+any point never leaves a half-written step as the latest one. Restores go into explicit target
+shardings, so a checkpoint restores onto a different mesh shape.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import orbax.checkpoint as ocp
+
+from dysejax.errors import CheckpointError
+
+# Metadata fields that must match for a checkpoint to restore into the configured model.
+COMPATIBLE_FIELDS = ("model",)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return (text[:200] + "...") if len(text) > 200 else text
+
+
+def _differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: checkpoint {a!r}, config {b!r}")
+    return out
+
+
+class Checkpointer:
+    """Save every `every` steps (and on demand), keep the last `keep`, restore the latest."""
+
+    def __init__(self, directory: str, every: int, keep: int, async_save: bool = True):
+        self.directory = os.path.abspath(directory)
+        self.every = every
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                               enable_async_checkpointing=async_save)
+        self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                             item_names=("state", "data", "meta"))
+
+    def latest_step(self) -> Optional[int]:
+        return self.manager.latest_step()
+
+    def should_save(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def save(self, step: int, state, data_state: dict, meta: dict) -> None:
+        """Start saving `step` (asynchronously when enabled); a step already saved is skipped."""
+        if step in self.manager.all_steps():
+            return
+        self.manager.save(step, force=True, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=ocp.args.JsonSave(data_state),
+            meta=ocp.args.JsonSave(meta)))
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def _where(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
+    def read_meta(self, step: int) -> dict:
+        try:
+            out = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+            return dict(out["meta"])
+        except Exception as e:
+            raise CheckpointError(f"checkpoint {self._where(step)} is unreadable ({_one_line(e)}): "
+                                  "move it away or use another --workdir") from None
+
+    def check_compatible(self, step: int, meta: dict) -> dict:
+        """The saved metadata, after checking the model it holds matches `meta`."""
+        saved = self.read_meta(step)
+        diffs = []
+        for name in COMPATIBLE_FIELDS:
+            diffs += _differences(saved.get(name, {}), meta.get(name, {}), f"{name}.")
+        if diffs:
+            shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
+            raise CheckpointError(f"checkpoint {self._where(step)} is from another model ({shown}): "
+                                  "use another --workdir or restore the matching config")
+        return saved
+
+    def restore(self, step: int, abstract_state) -> tuple[Any, dict]:
+        """(state placed as `abstract_state`'s shardings, data-iterator state) of `step`."""
+        try:
+            out = self.manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+        except Exception as e:
+            raise CheckpointError(f"checkpoint {self._where(step)} is unreadable or does not fit the "
+                                  f"model ({_one_line(e)}): move it away or use another --workdir") from None
+        return out["state"], dict(out["data"])
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()

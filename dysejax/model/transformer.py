@@ -1,0 +1,145 @@
+"""Decoder-only Transformer (Llama-style) whose layers run a strategy plan.
+
+Parameters are declared once, stacked over layers, with logical axis names; they do not depend
+on the plan. A plan slices the stack into runs and each run executes under one `lax.scan`
+(the primitive `nn.scan` lowers to) with its remat policy, using its strategy's attention and
+MLP. So the same parameters serve every plan, and switching plans moves no parameters.
+"""
+from __future__ import annotations
+
+from functools import partial
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from dysejax.config import ModelConfig
+from sharding import layout as L
+from sharding.ops.blocks import BlockSpec, rms_norm
+from sharding.plan import Plan
+from sharding.strategies import get_strategy
+
+
+def block_spec(cfg: ModelConfig) -> BlockSpec:
+    """The static per-layer description strategies compute with."""
+    return BlockSpec(
+        n_heads=cfg.n_heads, head_dim=cfg.resolved_head_dim, d_model=cfg.d_model,
+        d_ff=cfg.resolved_d_ff, gated=cfg.mlp == "gated", activation=cfg.activation,
+        attention=cfg.attention, attention_block=cfg.attention_block, rope_theta=cfg.rope_theta,
+        norm_eps=cfg.norm_eps, compute_dtype=cfg.compute_dtype)
+
+
+def layer_param_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """Per-layer parameter shapes and logical axes (without the leading layers axis)."""
+    d, h, k, f = cfg.d_model, cfg.n_heads, cfg.resolved_head_dim, cfg.resolved_d_ff
+    g = 2 if cfg.mlp == "gated" else 1
+    return {
+        "attn_norm": ((d,), (L.EMBED,)),
+        "wqkv": ((d, 3, h, k), (L.EMBED, L.QKV, L.HEADS, L.HEAD_DIM)),
+        "wo": ((h, k, d), (L.HEADS, L.HEAD_DIM, L.EMBED)),
+        "mlp_norm": ((d,), (L.EMBED,)),
+        "w_in": ((d, g, f), (L.EMBED, L.GATE, L.MLP)),
+        "w_out": ((f, d), (L.MLP, L.EMBED)),
+    }
+
+
+_REMAT = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def layer_forward(strategy, spec: BlockSpec, mesh: Mesh, w, x, segment_ids, positions):
+    """One pre-norm Transformer layer computed by `strategy`."""
+    h = rms_norm(x, w["attn_norm"], spec.norm_eps)
+    x = x + strategy.attention(w, h, segment_ids, positions, spec, mesh)
+    h = rms_norm(x, w["mlp_norm"], spec.norm_eps)
+    return x + strategy.mlp(w, h, spec, mesh)
+
+
+def run_layers(plan: Plan, stacked, x, segment_ids, positions, spec: BlockSpec, mesh: Mesh,
+               default_remat: str = "none", scan: bool = True):
+    """Apply the plan's runs to the stacked layer weights in order."""
+    start = 0
+    for run in plan.runs:
+        strategy = get_strategy(run.strategy)
+        weights = jax.tree.map(lambda p: p[start:start + run.n_layers], stacked)
+        weights = strategy.run_weights(weights, mesh)
+        x, seg, pos = strategy.enter(x, segment_ids, positions, mesh)
+        body = partial(layer_forward, strategy, spec, mesh)
+        policy = run.remat or default_remat
+        if policy != "none":
+            body = jax.checkpoint(body, policy=_REMAT[policy])
+        if scan:
+            x, _ = jax.lax.scan(lambda carry, w: (body(w, carry, seg, pos), None), x, weights)
+        else:
+            for i in range(run.n_layers):
+                x = body(jax.tree.map(lambda p: p[i], weights), x, seg, pos)
+        start += run.n_layers
+    return x
+
+
+def _init(std: float):
+    return nn.initializers.normal(stddev=std)
+
+
+class Transformer(nn.Module):
+    """Token ids -> logits. `plan` and `mesh` are static; parameters are the same for any plan."""
+
+    cfg: ModelConfig
+
+    def _param(self, name, shape, axes, init, stacked=False):
+        if stacked:
+            shape, axes = (self.cfg.n_layers, *shape), (L.LAYERS, *axes)
+            init = _stack_init(init, self.cfg.n_layers)
+        return self.param(name, nn.with_logical_partitioning(init, axes), shape,
+                          jnp.dtype(self.cfg.param_dtype))
+
+    def setup(self):
+        cfg = self.cfg
+        std, out_std = cfg.init_std, cfg.init_std / (2 * cfg.n_layers) ** 0.5
+        inits = {"attn_norm": nn.initializers.ones, "mlp_norm": nn.initializers.ones,
+                 "wqkv": _init(std), "w_in": _init(std), "wo": _init(out_std), "w_out": _init(out_std)}
+        self.embed = self._param("embed", (cfg.vocab_size, cfg.d_model), (L.VOCAB, L.EMBED), _init(std))
+        self.layers = {name: self._param(f"layers_{name}", shape, axes, inits[name], stacked=True)
+                       for name, (shape, axes) in layer_param_shapes(cfg).items()}
+        self.final_norm = self._param("final_norm", (cfg.d_model,), (L.EMBED,), nn.initializers.ones)
+        if not cfg.tie_embeddings:
+            self.lm_head = self._param("lm_head", (cfg.d_model, cfg.vocab_size), (L.EMBED, L.VOCAB), _init(std))
+
+    def declare(self):
+        """Touch every parameter (for `init(..., method=Transformer.declare)`)."""
+        return self.embed, self.layers, self.final_norm
+
+    def __call__(self, inputs, segment_ids, positions, *, plan: Plan, mesh: Mesh):
+        cfg, spec = self.cfg, block_spec(self.cfg)
+        first, last = get_strategy(plan.runs[0].strategy), get_strategy(plan.runs[-1].strategy)
+        x = first.embed(self.embed, inputs, mesh).astype(spec.dtype)
+        x = run_layers(plan, self.layers, x, segment_ids, positions, spec, mesh,
+                       default_remat=cfg.remat, scan=cfg.scan_layers)
+        x = rms_norm(x, self.final_norm, cfg.norm_eps)
+        head = self.embed.T if cfg.tie_embeddings else self.lm_head
+        return last.logits(x, head, mesh)
+
+
+def _stack_init(init, n: int):
+    """An initializer for [n, *shape] that draws each layer independently."""
+    def stacked(key, shape, dtype=jnp.float32):
+        keys = jax.random.split(key, n)
+        return jax.vmap(lambda k: init(k, shape[1:], dtype))(keys)
+    return stacked
+
+
+def count_params(params) -> int:
+    """Number of scalar parameters in a tree."""
+    return sum(int(x.size) for x in jax.tree.leaves(params))
+
+
+def abstract_params(cfg: ModelConfig):
+    """Parameter tree of ShapeDtypeStructs, boxed with logical axis names; allocates nothing."""
+    return jax.eval_shape(lambda: Transformer(cfg).init(jax.random.key(0), method=Transformer.declare))["params"]
+
+
+def init_params(cfg: ModelConfig, key):
+    """Freshly initialised (boxed) parameters."""
+    return Transformer(cfg).init(key, method=Transformer.declare)["params"]

@@ -1,0 +1,105 @@
+"""Compiled programs, one per (kind, bucket length, batch size, plan), built ahead of time.
+
+Each program is lowered from abstract inputs (`ShapeDtypeStruct`s with shardings) and compiled
+once; its XLA per-device memory and cost figures are recorded with it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+
+from dysejax.step import BATCH_KEYS
+from sharding.plan import Plan
+from sharding.strategies import get_strategy
+
+_BATCH_DTYPES = {"inputs": jnp.int32, "targets": jnp.int32, "segment_ids": jnp.int32,
+                 "positions": jnp.int32, "loss_mask": jnp.float32}
+
+
+@dataclass(frozen=True)
+class ProgramKey:
+    kind: str  # "train" | "eval"
+    seq_len: int
+    batch_size: int
+    plan_id: str
+
+
+@dataclass
+class Program:
+    """A compiled step with the figures XLA reports for it (per device)."""
+
+    key: ProgramKey
+    plan: Plan
+    compiled: Any  # jax.stages.Compiled
+    compile_s: float
+    memory: dict = field(default_factory=dict)
+    flops: float = 0.0
+
+    @property
+    def bytes_per_device(self) -> int:
+        """argument + output + temp - alias bytes: what one device needs to run it."""
+        m = self.memory
+        return m["argument"] + m["output"] + m["temp"] - m["alias"]
+
+    def __call__(self, *args):
+        return self.compiled(*args)
+
+
+def batch_sharding(plan: Plan, mesh: Mesh) -> NamedSharding:
+    """Where a [B, S] input array lives: the first strategy's token layout."""
+    return NamedSharding(mesh, get_strategy(plan.runs[0].strategy).token_spec(mesh))
+
+
+def abstract_batch(batch_size: int, seq_len: int, sharding: NamedSharding) -> dict:
+    return {k: jax.ShapeDtypeStruct((batch_size, seq_len), _BATCH_DTYPES[k], sharding=sharding)
+            for k in BATCH_KEYS}
+
+
+def _figures(compiled) -> tuple[dict, float]:
+    mem = compiled.memory_analysis()
+    memory = {"argument": int(mem.argument_size_in_bytes), "output": int(mem.output_size_in_bytes),
+              "temp": int(mem.temp_size_in_bytes), "alias": int(mem.alias_size_in_bytes)}
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return memory, float((cost or {}).get("flops", 0.0))
+
+
+class ProgramCache:
+    """Builds and keeps the train/eval programs of one trainer."""
+
+    def __init__(self, mesh: Mesh, state_abstract, state_shardings,
+                 make_train: Callable[[Plan], Callable], make_eval: Callable[[Plan], Callable]):
+        self.mesh = mesh
+        self.state_abstract, self.state_shardings = state_abstract, state_shardings
+        self.make_train, self.make_eval = make_train, make_eval
+        self.programs: dict[ProgramKey, Program] = {}
+
+    def get(self, kind: str, seq_len: int, batch_size: int, plan: Plan) -> Program:
+        """The program for this key, compiling it on first request."""
+        key = ProgramKey(kind, seq_len, batch_size, plan.id)
+        if key not in self.programs:
+            self.programs[key] = self._compile(key, plan)
+        return self.programs[key]
+
+    def _compile(self, key: ProgramKey, plan: Plan) -> Program:
+        replicated = NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        bsh = batch_sharding(plan, self.mesh)
+        batch = abstract_batch(key.batch_size, key.seq_len, bsh)
+        t0 = time.perf_counter()
+        if key.kind == "train":
+            fn = jax.jit(self.make_train(plan), in_shardings=(self.state_shardings, bsh),
+                         out_shardings=(self.state_shardings, replicated), donate_argnums=0)
+            lowered = fn.lower(self.state_abstract, batch)
+        else:
+            params = self.state_abstract["params"]
+            fn = jax.jit(self.make_eval(plan), in_shardings=(self.state_shardings["params"], bsh),
+                         out_shardings=replicated)
+            lowered = fn.lower(params, batch)
+        compiled = lowered.compile()
+        memory, flops = _figures(compiled)
+        return Program(key, plan, compiled, time.perf_counter() - t0, memory, flops)

@@ -1,0 +1,71 @@
+"""Train state (step, params, optimizer state) in the unified storage layout.
+
+The state is a plain dict pytree. Its shardings come from the parameters' logical axes through
+`sharding.layout.StorageLayout`; optimizer moments take the sharding of the parameter they
+mirror, scalars are replicated. It is initialised directly in that layout (no device ever
+holds the full parameters).
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+
+from dysejax.config import ModelConfig
+from dysejax.model.transformer import abstract_params, init_params
+from dysejax.optim import Optimizer
+from sharding.layout import StorageLayout
+
+
+def _is_box(x) -> bool:
+    return isinstance(x, nn.Partitioned)
+
+
+def logical_axes(boxed_params):
+    """Tree of logical-axis tuples matching the (unboxed) parameter tree."""
+    return jax.tree.map(lambda b: tuple(b.names), boxed_params, is_leaf=_is_box)
+
+
+def _mirror_shardings(tree, param_shardings, params, fallback: NamedSharding):
+    """Shardings for a tree whose sub-trees mirror the params (optimizer moments)."""
+    by_path = {path: (s, p.shape) for (path, s), p in zip(
+        jax.tree_util.tree_flatten_with_path(param_shardings)[0], jax.tree.leaves(params))}
+
+    def pick(path, leaf):
+        for n in range(len(path), 0, -1):
+            hit = by_path.get(tuple(path[-n:]))
+            if hit is not None and hit[1] == leaf.shape:
+                return hit[0]
+        return fallback
+    return jax.tree_util.tree_map_with_path(pick, tree)
+
+
+class StateLayout:
+    """Abstract train state and its shardings for one model, optimizer and storage layout."""
+
+    def __init__(self, model_cfg: ModelConfig, optimizer: Optimizer, layout: StorageLayout):
+        self.model_cfg, self.optimizer, self.layout = model_cfg, optimizer, layout
+        boxed = abstract_params(model_cfg)
+        self.logical = logical_axes(boxed)
+        params = nn.unbox(boxed)
+        param_shardings = jax.tree.map(lambda names, p: layout.sharding(names, p.shape),
+                                       self.logical, params, is_leaf=lambda x: isinstance(x, tuple))
+        opt_state = jax.eval_shape(optimizer.init, params)
+        replicated = layout.replicated()
+        self.shardings = {
+            "step": replicated,
+            "params": param_shardings,
+            "opt_state": _mirror_shardings(opt_state, param_shardings, params, replicated),
+        }
+        shapes = {"step": jax.ShapeDtypeStruct((), jnp.int32), "params": params, "opt_state": opt_state}
+        self.abstract = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, self.shardings)
+
+    def init(self, seed: int):
+        """A fresh state, created directly in the storage layout."""
+        def build(key):
+            params = nn.unbox(init_params(self.model_cfg, key))
+            return {"step": jnp.zeros((), jnp.int32), "params": params,
+                    "opt_state": self.optimizer.init(params)}
+        return jax.jit(build, out_shardings=self.shardings)(jax.random.key(seed))

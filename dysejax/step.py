@@ -1,0 +1,74 @@
+"""The train and eval step functions (pure; compiled per bucket by `dysejax.programs`)."""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from dysejax.model.transformer import Transformer
+from dysejax.optim import Optimizer, predict_params
+from sharding.plan import Plan
+
+BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
+
+
+def loss_sums(model: Transformer, plan: Plan, mesh: Mesh, params, batch):
+    """(sum of token cross-entropies, number of loss tokens) for one batch."""
+    logits = model.apply({"params": params}, batch["inputs"], batch["segment_ids"],
+                         batch["positions"], plan=plan, mesh=mesh)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1)[..., 0]
+    mask = batch["loss_mask"].astype(jnp.float32)
+    return jnp.sum(nll * mask), jnp.sum(mask)
+
+
+def _microbatches(batch, n: int):
+    """[B, ...] -> [n, B/n, ...], micro-batch j = rows j, j+n, ... so each keeps the row sharding."""
+    def split(x):
+        x = x.reshape(x.shape[0] // n, n, *x.shape[1:])
+        return jnp.swapaxes(x, 0, 1)
+    return jax.tree.map(split, batch)
+
+
+def make_train_step(model: Transformer, optimizer: Optimizer, plan: Plan, mesh: Mesh,
+                    grad_accum: int = 1) -> Callable:
+    """state, batch -> new state, metrics. Gradients are taken at XGrad's predicted weights."""
+    grad_fn = jax.value_and_grad(lambda p, b: loss_sums(model, plan, mesh, p, b), has_aux=True)
+
+    def gradients(params, batch):
+        if grad_accum == 1:
+            (loss_sum, count), grads = grad_fn(params, batch)
+            return loss_sum, count, grads
+
+        def accumulate(carry, micro):
+            (loss_sum, count), grads = grad_fn(params, micro)
+            total_loss, total_count, total_grads = carry
+            return (total_loss + loss_sum, total_count + count,
+                    jax.tree.map(jnp.add, total_grads, grads)), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        (loss_sum, count, grads), _ = jax.lax.scan(
+            accumulate, (jnp.zeros(()), jnp.zeros(()), zeros), _microbatches(batch, grad_accum))
+        return loss_sum, count, grads
+
+    def train_step(state, batch):
+        params, opt_state, step = state["params"], state["opt_state"], state["step"]
+        params_hat = predict_params(optimizer, params, opt_state, step)
+        loss_sum, count, grads = gradients(params_hat, batch)
+        denom = jnp.maximum(count, 1.0)
+        grads = jax.tree.map(lambda g: (g / denom).astype(g.dtype), grads)
+        updates, opt_state = optimizer.tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics = {"loss": loss_sum / denom, "grad_norm": optax.tree.norm(grads),
+                   "lr": optimizer.schedule(step), "loss_tokens": count}
+        return {"step": step + 1, "params": params, "opt_state": opt_state}, metrics
+
+    return train_step
+
+
+def make_eval_step(model: Transformer, plan: Plan, mesh: Mesh) -> Callable:
+    """params, batch -> (loss sum, loss tokens)."""
+    return lambda params, batch: loss_sums(model, plan, mesh, params, batch)

@@ -1,0 +1,71 @@
+"""The unified storage layout: where every parameter and optimizer-state tensor lives.
+
+Parameters carry logical axis names (declared by the model); this table maps them to mesh
+axes. Every strategy reads the same stored tensors, so switching strategy between layers or
+batches moves no parameters. As in ParaDySe, each weight is stored once, split over all
+devices along its head / MLP-column / vocab dimension (Megatron's column and row blocks);
+strategies that compute with another layout gather inside the step.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+# Logical axis names of parameters and activations.
+LAYERS, VOCAB, EMBED, QKV, HEADS, HEAD_DIM, GATE, MLP = (
+    "layers", "vocab", "embed", "qkv", "heads", "head_dim", "gate", "mlp")
+BATCH, SEQ = "batch", "seq"
+
+# Storage rules, in priority order: the first logical axis a parameter has whose size the
+# device count divides is split over all mesh axes; parameters with one non-layer axis (norm
+# scales) and those no rule fits are replicated.
+STORAGE_PRIORITY: tuple[str, ...] = (HEADS, MLP, VOCAB, EMBED)
+
+
+@dataclass(frozen=True)
+class StorageLayout:
+    """Storage placement of state tensors over `mesh`, sharded over `axes` (default: all)."""
+
+    mesh: Mesh
+    axes: Optional[tuple[str, ...]] = None
+    priority: tuple[str, ...] = STORAGE_PRIORITY
+
+    @property
+    def shard_axes(self) -> tuple[str, ...]:
+        return self.axes if self.axes is not None else tuple(self.mesh.axis_names)
+
+    @property
+    def shard_count(self) -> int:
+        return math.prod(self.mesh.shape[a] for a in self.shard_axes)
+
+    def spec(self, logical: Sequence[Optional[str]], shape: Sequence[int]) -> P:
+        """PartitionSpec of one stored tensor with these logical axes and shape."""
+        if not logical or sum(1 for name in logical if name != LAYERS) < 2:
+            return P()
+        n = self.shard_count
+        axes = self.shard_axes[0] if len(self.shard_axes) == 1 else self.shard_axes
+        for name in self.priority:
+            if name in logical:
+                i = list(logical).index(name)
+                if shape[i] % n == 0:
+                    parts = [None] * len(shape)
+                    parts[i] = axes
+                    return P(*parts)
+        return P()
+
+    def sharding(self, logical: Sequence[Optional[str]], shape: Sequence[int]) -> NamedSharding:
+        return NamedSharding(self.mesh, self.spec(logical, shape))
+
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, P())
+
+
+def tree_shardings(layout: StorageLayout, logical_tree, shape_tree):
+    """Shardings for a tree of arrays given a matching tree of logical-axis tuples (or None)."""
+    return jax.tree.map(
+        lambda names, x: layout.sharding(names or (), x.shape),
+        logical_tree, shape_tree, is_leaf=lambda n: n is None or isinstance(n, tuple))

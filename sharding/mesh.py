@@ -1,0 +1,52 @@
+"""Device mesh from a mapping of named axes to sizes (one host or many)."""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Optional, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh
+
+
+class MeshError(ValueError):
+    """The requested mesh shape does not fit the devices."""
+
+
+def resolve_mesh_shape(axes: Mapping[str, int], n_devices: int) -> dict[str, int]:
+    """Fill a single `-1` entry from the device count and check the product equals it."""
+    sizes = dict(axes)
+    unknown = [name for name, size in sizes.items() if size == -1]
+    known = math.prod(size for size in sizes.values() if size != -1)
+    if len(unknown) > 1:
+        raise MeshError(f"parallel.mesh: at most one axis may be -1, got {list(unknown)}")
+    if unknown:
+        if n_devices % known:
+            raise MeshError(f"parallel.mesh {dict(axes)}: fixed axes multiply to {known}, "
+                            f"which does not divide the {n_devices} devices")
+        sizes[unknown[0]] = n_devices // known
+    total = math.prod(sizes.values())
+    if total != n_devices:
+        raise MeshError(f"parallel.mesh {dict(axes)} multiplies to {total} but there are {n_devices} "
+                        f"devices: make the sizes multiply to {n_devices} or use -1 for one axis")
+    return sizes
+
+
+def build_mesh(axes: Mapping[str, int], devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+    """A mesh with Auto axis types (GSPMD-style sharding constraints work inside it).
+
+    Devices are ordered by process then id, so a host's devices are contiguous along the last
+    axes (fast links inside a host for the inner axes, as in MaxText's hybrid meshes).
+    """
+    devices = list(devices if devices is not None else jax.devices())
+    devices.sort(key=lambda d: (d.process_index, d.id))
+    sizes = resolve_mesh_shape(axes, len(devices))
+    grid = np.array(devices, dtype=object).reshape(tuple(sizes.values()))
+    return Mesh(grid, tuple(sizes.keys()), axis_types=(AxisType.Auto,) * len(sizes))
+
+
+def describe_mesh(mesh: Mesh) -> str:
+    """One line: axes, sizes and device kind."""
+    axes = " x ".join(f"{name}={size}" for name, size in mesh.shape.items())
+    kind = mesh.devices.flat[0].device_kind
+    return f"mesh {axes} over {mesh.devices.size} {mesh.devices.flat[0].platform} devices ({kind})"

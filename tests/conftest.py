@@ -1,0 +1,27 @@
+"""Test setup: 8 simulated CPU devices (set before JAX starts) and small shared fixtures."""
+import os
+import sys
+
+os.environ.setdefault(
+    "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_disable_hlo_passes=cse_barrier_expander")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import pytest  # noqa: E402
+
+TINY = os.path.join(ROOT, "configs", "tiny.yaml")
+
+# Small, fast settings shared by trainer tests: two buckets, a few hundred documents.
+FAST = ["data.buckets=[64,128]", "data.tokens_per_batch=1024", "data.max_docs=300",
+        "data.eval_batches=1", "train.progress=false", "model.d_model=64", "model.d_ff=128"]
+
+
+@pytest.fixture
+def tiny_config():
+    """The tiny config with FAST overrides plus any extra `key=value` strings."""
+    import dysejax
+
+    def make(*extra):
+        return dysejax.load_config(TINY, FAST + list(extra))
+    return make

@@ -1,0 +1,51 @@
+#!/usr/bin/env python
+"""Command line: python train.py --config FILE [--workdir DIR] [--steps N] [--set key=value ...]"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit status 2, like every other usage error
+        sys.stderr.write(f"error: {message} (see --help)\n")
+        raise SystemExit(2)
+
+
+def parse_args(argv):
+    p = _Parser(description="Train a Transformer with per-bucket parallel plans.")
+    p.add_argument("--config", required=True, help="YAML config file (see configs/)")
+    p.add_argument("--workdir", help="run directory: checkpoints, metrics.jsonl (default runs/<config name>)")
+    p.add_argument("--steps", type=int, help="total step target of the run (default train.steps)")
+    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[],
+                   metavar="KEY=VALUE", help="override a config value, e.g. --set train.seed=1")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    import dysejax
+    from dysejax import runtime
+
+    try:
+        overrides = list(args.overrides)
+        if args.steps is not None:
+            if args.steps <= 0:
+                raise dysejax.ConfigError(f"--steps must be positive, got {args.steps}")
+            overrides.append(f"train.steps={args.steps}")
+        config = dysejax.load_config(args.config, overrides)
+        runtime.configure_host_devices(config.parallel.cpu_devices)
+        from dysejax.trainer import Trainer, default_workdir
+
+        trainer = Trainer(config, workdir=args.workdir or config.workdir or default_workdir(args.config))
+        trainer.fit()
+    except dysejax.UserError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2
+    if trainer.interrupted is not None:
+        return 128 + trainer.interrupted
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
