@@ -15,6 +15,8 @@ from typing import Optional, Sequence
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from sharding.mesh import mesh_roles
+
 # Logical axis names of parameters and activations.
 LAYERS, VOCAB, EMBED, QKV, HEADS, HEAD_DIM, GATE, MLP = (
     "layers", "vocab", "embed", "qkv", "heads", "head_dim", "gate", "mlp")
@@ -36,7 +38,12 @@ class StorageLayout:
 
     @property
     def shard_axes(self) -> tuple[str, ...]:
-        return self.axes if self.axes is not None else tuple(self.mesh.axis_names)
+        """Model-parallel axes first, then batch axes: a gather over the batch axes then yields
+        each model-parallel device's contiguous block (FSDP over data x TP over model)."""
+        if self.axes is not None:
+            return self.axes
+        batch, model = mesh_roles(self.mesh)
+        return model + batch
 
     @property
     def shard_count(self) -> int:

@@ -50,3 +50,24 @@ def describe_mesh(mesh: Mesh) -> str:
     axes = " x ".join(f"{name}={size}" for name, size in mesh.shape.items())
     kind = mesh.devices.flat[0].device_kind
     return f"mesh {axes} over {mesh.devices.size} {mesh.devices.flat[0].platform} devices ({kind})"
+
+
+# Mesh axes that split the batch inside a strategy; every other axis (model, seq, ...) forms
+# the model-parallel group that splits sequence, heads or MLP columns.
+BATCH_AXES = ("data", "replica", "fsdp")
+
+
+def mesh_roles(mesh: Mesh) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(batch axes, model-parallel axes). A mesh of batch axes only puts all of them in the
+    model group (one node of p devices, as in ParaDySe), leaving the batch unsplit."""
+    names = tuple(mesh.axis_names)
+    batch = tuple(a for a in names if a in BATCH_AXES)
+    model = tuple(a for a in names if a not in BATCH_AXES)
+    if not model:
+        return (), batch
+    return batch, model
+
+
+def axes_size(mesh: Mesh, axes: Sequence[str]) -> int:
+    """Number of devices along these mesh axes."""
+    return math.prod(mesh.shape[a] for a in axes)

@@ -21,7 +21,8 @@ def _cfg(*extra):
 
 
 def _logits(cfg, params, inputs, segs, pos, plan=DP):
-    return Transformer(cfg).apply({"params": params}, inputs, segs, pos, plan=plan, mesh=MESH)
+    return Transformer(cfg).apply({"params": params}, inputs, segs, pos, plan=plan, mesh=MESH,
+                                  method=Transformer.logits)
 
 
 def _batch(b=8, s=32, seed=0):

@@ -111,15 +111,27 @@ class Transformer(nn.Module):
         """Touch every parameter (for `init(..., method=Transformer.declare)`)."""
         return self.embed, self.layers, self.final_norm
 
-    def __call__(self, inputs, segment_ids, positions, *, plan: Plan, mesh: Mesh):
+    def hidden(self, inputs, segment_ids, positions, *, plan: Plan, mesh: Mesh):
+        """Final-normed hidden states [B, S, D], in the last strategy's boundary layout."""
         cfg, spec = self.cfg, block_spec(self.cfg)
-        first, last = get_strategy(plan.runs[0].strategy), get_strategy(plan.runs[-1].strategy)
-        x = first.embed(self.embed, inputs, mesh).astype(spec.dtype)
+        x = get_strategy(plan.runs[0].strategy).embed(self.embed, inputs, mesh).astype(spec.dtype)
         x = run_layers(plan, self.layers, x, segment_ids, positions, spec, mesh,
                        default_remat=cfg.remat, scan=cfg.scan_layers)
-        x = rms_norm(x, self.final_norm, cfg.norm_eps)
-        head = self.embed.T if cfg.tie_embeddings else self.lm_head
-        return last.logits(x, head, mesh)
+        return rms_norm(x, self.final_norm, cfg.norm_eps)
+
+    def head(self):
+        """The [D, V] output projection (the embedding's transpose when tied)."""
+        return self.embed.T if self.cfg.tie_embeddings else self.lm_head
+
+    def __call__(self, inputs, segment_ids, positions, targets, loss_mask, *, plan: Plan, mesh: Mesh):
+        """(sum of token NLLs, number of loss tokens), the loss computed by the last strategy."""
+        x = self.hidden(inputs, segment_ids, positions, plan=plan, mesh=mesh)
+        return get_strategy(plan.runs[-1].strategy).loss_sums(x, self.head(), targets, loss_mask, mesh)
+
+    def logits(self, inputs, segment_ids, positions, *, plan: Plan, mesh: Mesh):
+        """float32 logits [B, S, V] (for inspection and tests; training uses `__call__`)."""
+        x = self.hidden(inputs, segment_ids, positions, plan=plan, mesh=mesh)
+        return jnp.einsum("bsd,dv->bsv", x, self.head().astype(x.dtype), preferred_element_type=jnp.float32)
 
 
 def _stack_init(init, n: int):

@@ -2,8 +2,12 @@
 from sharding.strategies.base import Strategy, StrategyShapeError
 from sharding.strategies.dp import DataParallel
 from sharding.strategies.fsdp import FullyShardedDataParallel
+from sharding.strategies.tp import TensorParallel
+from sharding.strategies.tp_sp import TensorSequenceParallel
 
-STRATEGIES: dict[str, Strategy] = {s.name: s for s in (DataParallel(), FullyShardedDataParallel())}
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
+    DataParallel(), FullyShardedDataParallel(), TensorParallel(), TensorSequenceParallel(),
+)}
 
 
 def get_strategy(name: str) -> Strategy:
