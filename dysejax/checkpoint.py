@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+import jax
 import orbax.checkpoint as ocp
 
 from dysejax.errors import CheckpointError
@@ -33,6 +34,14 @@ def _differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
     return out
 
 
+def _state_handler() -> ocp.PyTreeCheckpointHandler:
+    # Each shard is written by one replica (no replica-parallel slicing): orbax would otherwise
+    # compile slicing programs during the first save, i.e. on the training path after warmup.
+    registry = ocp.type_handlers.create_type_handler_registry(
+        (jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False)))
+    return ocp.PyTreeCheckpointHandler(type_handler_registry=registry)
+
+
 class Checkpointer:
     """Save every `every` steps (and on demand), keep the last `keep`, restore the latest."""
 
@@ -41,8 +50,10 @@ class Checkpointer:
         self.every = every
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                enable_async_checkpointing=async_save)
-        self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                             item_names=("state", "data", "meta"))
+        self.manager = ocp.CheckpointManager(
+            self.directory, options=options,
+            item_handlers={"state": _state_handler(), "data": ocp.JsonCheckpointHandler(),
+                           "meta": ocp.JsonCheckpointHandler()})
 
     def latest_step(self) -> Optional[int]:
         return self.manager.latest_step()
@@ -55,7 +66,7 @@ class Checkpointer:
         if step in self.manager.all_steps():
             return
         self.manager.save(step, force=True, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
+            state=ocp.args.PyTreeSave(state),
             data=ocp.args.JsonSave(data_state),
             meta=ocp.args.JsonSave(meta)))
 
@@ -89,7 +100,8 @@ class Checkpointer:
         """(state placed as `abstract_state`'s shardings, data-iterator state) of `step`."""
         try:
             out = self.manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+                state=ocp.args.PyTreeRestore(abstract_state, restore_args=ocp.checkpoint_utils.construct_restore_args(
+                    abstract_state)), data=ocp.args.JsonRestore()))
         except Exception as e:
             raise CheckpointError(f"checkpoint {self._where(step)} is unreadable or does not fit the "
                                   f"model ({_one_line(e)}): move it away or use another --workdir") from None

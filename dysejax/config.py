@@ -80,10 +80,12 @@ class DataConfig:
     path: Optional[str] = None  # folder (text) or file/folder of *.jsonl (jsonl)
     text_field: str = "text"
     glob: str = "**/*"  # files under `path` for the text source
+    documents: Literal["files", "blocks"] = "files"  # stdlib/text: whole files, or top-level blocks
     buckets: Union[list[int], GeometricBuckets] = field(default_factory=lambda: [64, 128, 256])
     tokens_per_batch: int = 2048
     long_policy: Literal["split", "truncate", "skip", "error"] = "split"
     pack: bool = True
+    pack_across_buckets: bool = False  # let short documents fill spare room in longer buckets' rows
     eval_fraction: float = 0.05
     eval_batches: int = 2
     max_docs: Optional[int] = None  # cap on documents read (after the deterministic order)
@@ -129,6 +131,8 @@ class TrainConfig:
     log_every: int = 1
     tensorboard: bool = False
     progress: bool = True
+    compile_cache: bool = True  # JAX's persistent compilation cache
+    compile_cache_dir: Optional[str] = None  # default WORKDIR/compile_cache
 
 
 @dataclass

@@ -1,17 +1,21 @@
 """Compiled programs, one per (kind, bucket length, batch size, plan), built ahead of time.
 
 Each program is lowered from abstract inputs (`ShapeDtypeStruct`s with shardings) and compiled
-once; its XLA per-device memory and cost figures are recorded with it.
+once; its XLA per-device memory and cost figures are recorded with it. `select` picks, per
+bucket, the first candidate plan whose program fits the per-device memory budget: a program
+over budget is never run.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
+
+from dysejax.errors import PlanError
 
 from dysejax.step import BATCH_KEYS
 from sharding.plan import Plan
@@ -60,6 +64,10 @@ def abstract_batch(batch_size: int, seq_len: int, sharding: NamedSharding) -> di
             for k in BATCH_KEYS}
 
 
+def gib(n_bytes: Optional[int]) -> str:
+    return "unlimited" if n_bytes is None else f"{n_bytes / 2**30:.3f} GiB"
+
+
 def _figures(compiled) -> tuple[dict, float]:
     mem = compiled.memory_analysis()
     memory = {"argument": int(mem.argument_size_in_bytes), "output": int(mem.output_size_in_bytes),
@@ -78,6 +86,7 @@ class ProgramCache:
         self.state_abstract, self.state_shardings = state_abstract, state_shardings
         self.make_train, self.make_eval = make_train, make_eval
         self.programs: dict[ProgramKey, Program] = {}
+        self.selected: dict[tuple[str, int, int], Program] = {}
 
     def get(self, kind: str, seq_len: int, batch_size: int, plan: Plan) -> Program:
         """The program for this key, compiling it on first request."""
@@ -85,6 +94,23 @@ class ProgramCache:
         if key not in self.programs:
             self.programs[key] = self._compile(key, plan)
         return self.programs[key]
+
+    def select(self, kind: str, seq_len: int, batch_size: int, candidates: list[Plan],
+               budget: Optional[int]) -> Program:
+        """Compile candidates in order; keep and return the first within `budget` bytes per device."""
+        needs = []
+        for plan in candidates:
+            program = self.get(kind, seq_len, batch_size, plan)
+            if budget is None or program.bytes_per_device <= budget:
+                self.selected[(kind, seq_len, batch_size)] = program
+                return program
+            needs.append(f"{plan.id} needs {gib(program.bytes_per_device)}")
+        raise PlanError(f"bucket {seq_len} (batch {batch_size}, {kind}): no plan fits the memory budget of "
+                        f"{gib(budget)} per device ({'; '.join(needs)}): raise parallel.memory_budget_gb, "
+                        f"lower data.tokens_per_batch or drop the bucket")
+
+    def selected_program(self, kind: str, seq_len: int, batch_size: int) -> Optional[Program]:
+        return self.selected.get((kind, seq_len, batch_size))
 
     def _compile(self, key: ProgramKey, plan: Plan) -> Program:
         replicated = NamedSharding(self.mesh, jax.sharding.PartitionSpec())

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 # On XLA:CPU the pass cse_barrier_expander strips optimisation barriers, after which CSE merges
 # recomputed values with the forward ones and jax.checkpoint silently does nothing. Disabling
@@ -28,8 +29,25 @@ def configure_host_devices(n_devices: int = 8) -> bool:
 def enable_compilation_cache(directory: str) -> None:
     """Turn on JAX's persistent compilation cache in `directory`, small programs included."""
     import jax
+    from jax._src import compilation_cache
 
+    directory = os.path.abspath(directory)
     os.makedirs(directory, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", directory)
+    if jax.config.jax_compilation_cache_dir != directory:
+        jax.config.update("jax_compilation_cache_dir", directory)
+        compilation_cache.reset_cache()  # re-read the directory on next use
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def memory_budget_bytes(budget_gb: Optional[float]) -> Optional[int]:
+    """Per-device byte budget: the configured GiB, else the accelerator's memory (None on CPU)."""
+    if budget_gb is not None:
+        return int(budget_gb * 2**30)
+    import jax
+
+    device = jax.devices()[0]
+    if device.platform == "cpu":
+        return None
+    stats = device.memory_stats() or {}
+    return stats.get("bytes_limit")

@@ -19,13 +19,15 @@ import jax
 
 from dysejax import runtime
 from dysejax.checkpoint import Checkpointer
+from dysejax.compile_watch import compile_counter
 from dysejax.config import Config
 from dysejax.data import DataPipeline
 from dysejax.errors import ConfigError, PlanError
 from dysejax.metrics import MetricsWriter
 from dysejax.model.transformer import Transformer, block_spec, count_params
 from dysejax.optim import build_optimizer
-from dysejax.programs import ProgramCache, batch_sharding
+from dysejax.plans import PlanTable
+from dysejax.programs import ProgramCache, ProgramKey, batch_sharding, gib
 from dysejax.state import StateLayout
 from dysejax.step import BATCH_KEYS, make_eval_step, make_train_step
 from sharding.layout import StorageLayout
@@ -55,11 +57,19 @@ class Trainer:
             raise ConfigError(str(e)) from None
         self.n_devices = self.mesh.devices.size
         self.spec = block_spec(config.model)
-        self.plan = self._parse_plan(config.parallel.plan)
         self.data = DataPipeline(config.data, seed=config.train.seed,
                                  batch_multiple=self.n_devices * config.train.grad_accum)
+        self.plans = PlanTable(config.parallel.plan, self.data.buckets, config.model.n_layers, list(STRATEGIES))
         for bucket in self.data.buckets:
-            self.check_plan(self.plan, bucket, self.data.batch_size(bucket))
+            for plan in self.plans.candidates(bucket):
+                self.check_plan(plan, bucket, self.data.batch_size(bucket))
+        self.budget = runtime.memory_budget_bytes(config.parallel.memory_budget_gb)
+        if config.train.compile_cache:
+            runtime.enable_compilation_cache(config.train.compile_cache_dir
+                                             or os.path.join(self.workdir, "compile_cache"))
+        self.compiles = compile_counter()
+        self.warmup_report: Optional[list[dict]] = None
+        self._compiles_at_warmup = 0
         self.model = Transformer(config.model)
         self.optimizer = build_optimizer(config.optimizer, config.train.steps)
         self.layout = StorageLayout(self.mesh)
@@ -72,7 +82,8 @@ class Trainer:
         self.is_writer = jax.process_index() == 0
 
     # -- plans -------------------------------------------------------------------------------
-    def _parse_plan(self, value) -> Plan:
+    def parse_plan(self, value) -> Plan:
+        """A strategy name or written plan for this model, as a Plan."""
         try:
             return parse_plan(value, self.config.model.n_layers, list(STRATEGIES))
         except PlanSyntaxError as e:
@@ -86,9 +97,68 @@ class Trainer:
             except StrategyShapeError as e:
                 raise PlanError(f"bucket {seq_len} (batch {batch_size}): {e}") from None
 
-    def plan_for(self, seq_len: int) -> Plan:
-        """The plan that runs batches of this bucket."""
-        return self.plan
+    # -- programs ----------------------------------------------------------------------------
+    def _jobs(self) -> list[tuple[str, int, int]]:
+        jobs = [("train", b, self.data.batch_size(b)) for b in self.data.buckets]
+        if self.config.data.eval_batches > 0:
+            jobs += sorted({("eval", p.bucket, p.batch_size) for p in self.data.eval_plans()})
+        return jobs
+
+    def warmup(self) -> list[dict]:
+        """Compile every bucket's train (and eval) program ahead of training; returns the report.
+
+        Raises PlanError after reporting if some bucket has no plan within the memory budget.
+        """
+        from tqdm.auto import tqdm
+
+        report, failures = [], []
+        jobs = self._jobs()
+        bar = tqdm(jobs, desc="warmup", unit="program", file=sys.stderr, disable=not (
+            self.verbose and self.is_writer and self.config.train.progress))
+        for kind, seq_len, batch_size in bar:
+            bar.set_postfix(bucket=seq_len, kind=kind, refresh=True)
+            candidates = self.plans.candidates(seq_len)
+            try:
+                self.programs.select(kind, seq_len, batch_size, candidates, self.budget)
+            except PlanError as e:
+                failures.append(e)
+            for plan in candidates:
+                p = self.programs.programs.get(ProgramKey(kind, seq_len, batch_size, plan.id))
+                if p is None:
+                    continue
+                fits = self.budget is None or p.bytes_per_device <= self.budget
+                report.append({"kind": kind, "seq_len": seq_len, "batch_size": batch_size, "plan": plan.id,
+                               "compile_s": p.compile_s, "bytes_per_device": p.bytes_per_device,
+                               "fits": fits, "selected": self.programs.selected_program(kind, seq_len, batch_size) is p})
+                self.log(f"warmup {kind:5s} bucket {seq_len:>6} x {batch_size:<4} plan {plan.id:<12} "
+                         f"{p.compile_s:6.2f} s  {gib(p.bytes_per_device)}/device"
+                         + ("" if fits else f"  over budget ({gib(self.budget)})"))
+        bar.close()
+        self.warmup_report = report
+        self._compiles_at_warmup = self.compiles.lowered
+        if failures:
+            raise failures[0]
+        return report
+
+    def compile(self, seq_len: int, plan=None, kind: str = "train"):
+        """The `jax.stages.Compiled` for a bucket and plan (default: the bucket's first candidate)."""
+        if seq_len not in self.data.buckets:
+            raise ConfigError(f"{seq_len} is not a bucket length (buckets: {', '.join(map(str, self.data.buckets))})")
+        plan = self.parse_plan(plan) if plan is not None else self.plans.candidates(seq_len)[0]
+        batch_size = self.data.batch_size(seq_len)
+        self.check_plan(plan, seq_len, batch_size)
+        return self.programs.get(kind, seq_len, batch_size, plan).compiled
+
+    def program_for(self, kind: str, seq_len: int, batch_size: int):
+        """The warmed-up program of this shape (selected on demand if warmup did not see it)."""
+        program = self.programs.selected_program(kind, seq_len, batch_size)
+        if program is None:
+            program = self.programs.select(kind, seq_len, batch_size, self.plans.candidates(seq_len), self.budget)
+        return program
+
+    @property
+    def compiles_after_warmup(self) -> int:
+        return self.compiles.lowered - self._compiles_at_warmup
 
     # -- pieces ------------------------------------------------------------------------------
     def log(self, message: str) -> None:
@@ -118,7 +188,7 @@ class Trainer:
         """Mean token loss over the fixed held-out batches."""
         total, count = 0.0, 0.0
         for plan_b in self.data.eval_plans():
-            program = self.programs.get("eval", plan_b.bucket, plan_b.batch_size, self.plan_for(plan_b.bucket))
+            program = self.program_for("eval", plan_b.bucket, plan_b.batch_size)
             loss_sum, n = jax.device_get(program(params, self._put(self.data.materialize(plan_b), program.plan)))
             total, count = total + float(loss_sum), count + float(n)
         return total / count if count else None
@@ -147,8 +217,9 @@ class Trainer:
         os.makedirs(self.workdir, exist_ok=True)
         self.interrupted = None
         self.log(describe_mesh(self.mesh))
+        plans = ", ".join(sorted({p.id for p in self.plans.distinct()}))
         self.log(f"model: {count_params(self.state_layout.abstract['params']) / 1e6:.2f}M parameters, "
-                 f"plan {self.plan.id}; {self.data.summary()}")
+                 f"plans {plans}; {self.data.summary()}")
         metrics = MetricsWriter(self.workdir, enabled=self.is_writer, tensorboard=cfg.train.tensorboard)
         ckpt = Checkpointer(os.path.join(self.workdir, "checkpoints"), cfg.train.checkpoint_every,
                             cfg.train.keep_checkpoints, cfg.train.async_checkpoint)
@@ -158,11 +229,13 @@ class Trainer:
             if start >= target:
                 self.log(f"already at step {start} (target {target}): nothing to do")
                 return rows
+            if self.warmup_report is None:
+                self.warmup()
+            reported = self.compiles_after_warmup
             with _stop_signals() as stop, _progress(self, start, target) as bar:
                 for step in range(start + 1, target + 1):
                     plan_b = it.next_plan()
-                    program = self.programs.get("train", plan_b.bucket, plan_b.batch_size,
-                                                self.plan_for(plan_b.bucket))
+                    program = self.program_for("train", plan_b.bucket, plan_b.batch_size)
                     batch = self._put(self.data.materialize(plan_b), program.plan)
                     t0 = time.perf_counter()
                     state, out = program(state, batch)
@@ -180,6 +253,11 @@ class Trainer:
                         eval_loss = self.evaluate(state["params"])
                         if eval_loss is not None:
                             row["eval_loss"] = eval_loss
+                    row["compiles_after_warmup"] = self.compiles_after_warmup
+                    if row["compiles_after_warmup"] > reported:
+                        reported = row["compiles_after_warmup"]
+                        sys.stderr.write(f"WARNING: {reported} compilation(s) after warmup (step {step}, bucket "
+                                         f"{plan_b.bucket}): a program was built on the training path\n")
                     metrics.write(row)
                     rows.append(row)
                     bar.update(row)

@@ -3,8 +3,9 @@
 A `BatchPlan` says which token ranges (doc, start, end) fill each row of one batch; it is cheap
 to build for a whole epoch and enough for benchmarks that never need the tokens.
 
-With packing, a piece goes first-fit into an open row of its own bucket, else into an open row
-of a larger bucket (filling what would be padding), else it opens a new row of its own bucket;
+With packing, a piece goes first-fit into an open row of its own bucket, else (only with
+`across=True`) into an open row of a larger bucket, filling what would be padding at the cost of
+fewer short-bucket batches, else it opens a new row of its own bucket;
 a bucket keeps at most `OPEN_ROWS` open rows and, when it needs another, closes its fullest one.
 A row also closes when fewer than 2 slots are left. Without packing every piece is its own row.
 A batch of bucket L is emitted as soon as L has batch_size(L) closed rows, so buckets
@@ -64,8 +65,8 @@ def make_plan(bucket: int, batch_size: int, rows: Sequence[Sequence[Segment]]) -
 
 
 class _Packer:
-    def __init__(self, buckets: Sequence[int], batch_sizes: Sequence[int]):
-        self.buckets, self.batch_sizes = list(buckets), list(batch_sizes)
+    def __init__(self, buckets: Sequence[int], batch_sizes: Sequence[int], across: bool):
+        self.buckets, self.batch_sizes, self.across = list(buckets), list(batch_sizes), across
         nb = len(self.buckets)
         self.open = [[] for _ in range(nb)]  # per bucket: [room, segments] rows, oldest first
         self.room = [0] * nb  # largest room among the open rows of each bucket
@@ -93,7 +94,7 @@ class _Packer:
             self.room[b] = max(self.room[b], row[0])
 
     def place(self, b: int, seg: Segment, n: int):
-        for c in range(b, len(self.buckets)):
+        for c in range(b, len(self.buckets) if self.across else b + 1):
             if self.room[c] < n:
                 continue
             for i, row in enumerate(self.open[c]):
@@ -121,9 +122,9 @@ class _Packer:
 
 
 def pack(doc: np.ndarray, start: np.ndarray, end: np.ndarray, buckets: Sequence[int],
-         batch_sizes: Sequence[int], packed: bool = True) -> list[BatchPlan]:
+         batch_sizes: Sequence[int], packed: bool = True, across: bool = False) -> list[BatchPlan]:
     """The batches of one pass over the pieces (doc, start, end), in the order they complete."""
-    packer = _Packer(buckets, batch_sizes)
+    packer = _Packer(buckets, batch_sizes, across)
     n = (np.asarray(end) - np.asarray(start)).astype(np.int64)
     bidx = bucket_index(n, buckets) if len(n) else np.zeros(0, dtype=np.int64)
     for d, s, e, k, b in zip(np.asarray(doc).tolist(), np.asarray(start).tolist(), np.asarray(end).tolist(),

@@ -27,6 +27,7 @@ from dysejax.data.bucketing import batch_size, check_long, expand
 from dysejax.data.packing import BatchPlan, pack
 from dysejax.data.sources import Source, jsonl_source, stdlib_source, text_source
 from dysejax.data.split import eval_mask
+from dysejax.data.blocks import BlockSource
 from dysejax.data.synthetic import SyntheticSource
 from dysejax.errors import DataError
 
@@ -35,10 +36,9 @@ _EPOCH_CACHE = 2
 
 def open_source(cfg: DataConfig, seed: int = 0) -> Source:
     """The document source `cfg.source` names, capped at cfg.max_docs documents."""
-    if cfg.source == "stdlib":
-        return stdlib_source(cfg.max_docs)
-    if cfg.source == "text":
-        return text_source(cfg.path, cfg.glob, cfg.max_docs)
+    if cfg.source in ("stdlib", "text"):
+        files = stdlib_source(cfg.max_docs) if cfg.source == "stdlib" else text_source(cfg.path, cfg.glob, cfg.max_docs)
+        return BlockSource(files) if cfg.documents == "blocks" else files
     if cfg.source == "jsonl":
         return jsonl_source(cfg.path, cfg.text_field, cfg.max_docs)
     if cfg.source == "synthetic":
@@ -93,7 +93,7 @@ class DataPipeline:
 
     def _pack(self, docs: np.ndarray) -> list[BatchPlan]:
         pieces = expand(docs, self.source.lengths, self.max_bucket, self.cfg.long_policy)
-        return pack(*pieces, self.buckets, self.batch_sizes, self.cfg.pack)
+        return pack(*pieces, self.buckets, self.batch_sizes, self.cfg.pack, self.cfg.pack_across_buckets)
 
     def epoch_plans(self, epoch: int) -> list[BatchPlan]:
         """All train BatchPlans of `epoch`, in order (a pure function of seed and epoch)."""

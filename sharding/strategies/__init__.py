@@ -2,11 +2,15 @@
 from sharding.strategies.base import Strategy, StrategyShapeError
 from sharding.strategies.dp import DataParallel
 from sharding.strategies.fsdp import FullyShardedDataParallel
+from sharding.strategies.metp import MemoryEfficientTensorParallel
+from sharding.strategies.ring import RingAttention
 from sharding.strategies.tp import TensorParallel
 from sharding.strategies.tp_sp import TensorSequenceParallel
+from sharding.strategies.ulysses import Ulysses
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     DataParallel(), FullyShardedDataParallel(), TensorParallel(), TensorSequenceParallel(),
+    RingAttention(), Ulysses(), MemoryEfficientTensorParallel(),
 )}
 
 

@@ -1,0 +1,53 @@
+"""Which plan runs each bucket: `parallel.plan` as a table from bucket length to plans.
+
+`parallel.plan` is a strategy name or a written plan (every bucket), or a mapping from bucket
+lengths to those (`{64: dp, 256: tp_sp, default: fsdp}`). Each bucket has a list of candidate
+plans in order of preference; the program cache runs the first whose compiled program fits the
+memory budget.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from dysejax.errors import ConfigError
+from sharding.plan import Plan, PlanSyntaxError, parse_plan
+
+
+class PlanTable:
+    """Candidate plans per bucket length."""
+
+    def __init__(self, value: Any, buckets: Sequence[int], n_layers: int, known: Sequence[str]):
+        self.buckets = list(buckets)
+        if value == "auto":
+            raise ConfigError("parallel.plan=auto needs the cost model, which this version does not have yet: "
+                              "name a strategy, a written plan, or a {bucket: plan} mapping")
+        try:
+            if isinstance(value, dict):
+                self.table = self._from_mapping(value, n_layers, known)
+            else:
+                plan = parse_plan(value, n_layers, known)
+                self.table = {b: [plan] for b in self.buckets}
+        except PlanSyntaxError as e:
+            raise ConfigError(str(e)) from None
+
+    def _from_mapping(self, value: dict, n_layers: int, known) -> dict[int, list[Plan]]:
+        default = value.get("default")
+        for key in value:
+            if key != "default" and key not in self.buckets:
+                raise ConfigError(f"parallel.plan: {key!r} is not a bucket length (buckets: "
+                                  f"{', '.join(map(str, self.buckets))}; or use the key 'default')")
+        table = {}
+        for b in self.buckets:
+            chosen = value.get(b, default)
+            if chosen is None:
+                raise ConfigError(f"parallel.plan: no plan for bucket {b}: add `{b}: <plan>` or a `default` entry")
+            table[b] = [parse_plan(chosen, n_layers, known, where=f"parallel.plan[{b}]")]
+        return table
+
+    def candidates(self, bucket: int) -> list[Plan]:
+        """Plans for this bucket, most preferred first."""
+        return self.table[bucket]
+
+    def distinct(self) -> list[Plan]:
+        """Every plan that appears, once each."""
+        return list({p.id: p for plans in self.table.values() for p in plans}.values())

@@ -1,0 +1,236 @@
+"""`metp`: whole-model step vs the reference, ring kernels vs plain jnp, shape errors, memory, HLO."""
+import math
+import re
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from dysejax.model.transformer import layer_forward
+from sharding import layout as L
+from sharding.layout import StorageLayout
+from sharding.mesh import build_mesh
+from sharding.ops import blocks
+from sharding.ops.attention import dense_attention
+from sharding.ops.blocks import BlockSpec
+from sharding.ops.metp import chunk_index, metp_attention, metp_mlp, ring_attention
+from sharding.strategies import StrategyShapeError
+from sharding.strategies.base import batch_entry, model_entry
+from sharding.strategies.metp import MemoryEfficientTensorParallel
+from tests.reference import check_against_reference, packed_batch, relative_error
+
+MESHES = [{"data": 8}, {"data": 2, "model": 4}]
+TOL = 2e-6
+
+
+# -- the whole model: one step's loss and grads vs the single-device reference ------------------
+@pytest.mark.parametrize("seq", [200, 96])
+def test_metp_matches_reference(seq):
+    check_against_reference("metp", {"data": 8}, batch=2, seq=seq)
+
+
+def test_metp_on_2d_mesh_plain_gelu():
+    check_against_reference("metp", {"data": 2, "model": 4}, batch=4, seq=96,
+                            extra=["model.mlp=plain", "model.activation=gelu"])
+
+
+# -- kernels alone vs plain jnp ------------------------------------------------------------------
+def _setup(axes):
+    mesh = build_mesh(axes)
+    return mesh, MemoryEfficientTensorParallel().ring(mesh), batch_entry(mesh), model_entry(mesh)
+
+
+def _assert_close(name, got, want, tol=TOL):
+    for i, (g, w) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):
+        err = relative_error(g, w)
+        assert err <= tol, f"{name}: output {i} rel err {err:.2e}"
+
+
+def _value_and_grads(fn, ct, *args):
+    """(output, grads of sum(output * ct) wrt every argument)."""
+    def loss(*a):
+        out = fn(*a)
+        return jnp.sum(out * ct), out
+    (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(len(args))), has_aux=True))(*args)
+    return out, grads
+
+
+@pytest.mark.parametrize("axes", MESHES)
+@pytest.mark.parametrize("gated,activation", [(True, "silu"), (False, "gelu")])
+def test_mlp_ring_matches_plain(axes, gated, activation):
+    mesh, ring, b, m = _setup(axes)
+    spec = BlockSpec(n_heads=8, head_dim=4, d_model=32, d_ff=64, gated=gated, activation=activation)
+    rng = np.random.default_rng(1)
+    x, ct = (jnp.asarray(rng.normal(size=(4, 64, 32)), jnp.float32) for _ in range(2))
+    w_in = jnp.asarray(rng.normal(size=(32, 2 if gated else 1, 64)) / 6, jnp.float32)
+    w_out = jnp.asarray(rng.normal(size=(64, 32)) / 8, jnp.float32)
+    act = P(b, m, None)
+    ring_mlp = jax.shard_map(partial(metp_mlp, spec=spec, ring=ring), mesh=mesh,
+                             in_specs=(act, P(None, None, m), P(m, None)), out_specs=act)
+    got = _value_and_grads(ring_mlp, ct, x, w_in, w_out)
+    want = _value_and_grads(lambda x, wi, wo: blocks.mlp_block(wi, wo, x, spec), ct, x, w_in, w_out)
+    _assert_close(f"metp mlp ring {axes} gated={gated}", got, want)
+
+
+def _packed_qkv(batch, seq, heads, dim, seed=2):
+    rng = np.random.default_rng(seed)
+    q, k, v, ct = (jnp.asarray(rng.normal(size=(batch, seq, heads, dim)), jnp.float32) for _ in range(4))
+    data = packed_batch(batch, seq, seed)
+    return q, k, v, ct, jnp.asarray(data["segment_ids"]), jnp.asarray(data["positions"])
+
+
+@pytest.mark.parametrize("tile", [None, 5])
+def test_ring_attention_matches_dense(tile):
+    mesh, ring, b, m = _setup({"data": 8})
+    q, k, v, ct, seg, _ = _packed_qkv(2, 64, 4, 8)
+
+    def local(q, k, v, seg):
+        return ring_attention(q, k, v, seg, chunk_index(seg.shape, ring), ring, tile)
+
+    x4, tok = P(b, m, None, None), P(b, m)
+    ring_fn = jax.shard_map(local, mesh=mesh, in_specs=(x4, x4, x4, tok), out_specs=x4)
+    got = _value_and_grads(lambda q, k, v: ring_fn(q, k, v, seg), ct, q, k, v)
+    want = _value_and_grads(lambda q, k, v: dense_attention(q, k, v, q_segment_ids=seg, kv_segment_ids=seg),
+                            ct, q, k, v)
+    _assert_close(f"ring attention tile={tile}", got, want)
+
+
+@pytest.mark.parametrize("axes,broadcast", [({"data": 8}, "psum"), ({"data": 8}, "ring"),
+                                            ({"data": 2, "model": 4}, "psum")])
+def test_metp_attention_matches_plain(axes, broadcast):
+    mesh, ring, b, m = _setup(axes)
+    spec = BlockSpec(n_heads=8, head_dim=4, d_model=32, d_ff=64, attention_block=5)
+    rng = np.random.default_rng(3)
+    data = packed_batch(4, 64, 3)
+    seg, pos = jnp.asarray(data["segment_ids"]), jnp.asarray(data["positions"])
+    x, ct = (jnp.asarray(rng.normal(size=(4, 64, 32)), jnp.float32) for _ in range(2))
+    wqkv = jnp.asarray(rng.normal(size=(32, 3, 8, 4)) / 5, jnp.float32)
+    wo = jnp.asarray(rng.normal(size=(8, 4, 32)) / 5, jnp.float32)
+    act, tok = P(b, m, None), P(b, m)
+    kernel = partial(metp_attention, spec=spec, ring=ring, broadcast=broadcast)
+    ring_attn = jax.shard_map(kernel, mesh=mesh, in_specs=(act, tok, tok, P(None, None, m, None), P(m, None, None)),
+                              out_specs=act)
+    got = _value_and_grads(lambda x, wq, wo: ring_attn(x, seg, pos, wq, wo), ct, x, wqkv, wo)
+    want = _value_and_grads(lambda x, wq, wo: blocks.attention_block(wq, wo, x, seg, pos, spec), ct, x, wqkv, wo)
+    _assert_close(f"metp attention {axes} broadcast={broadcast}", got, want)
+
+
+# -- shape errors, before compiling --------------------------------------------------------------
+SPEC = BlockSpec(n_heads=8, head_dim=8, d_model=64, d_ff=128)
+
+
+@pytest.mark.parametrize("axes,spec,batch,seq,message", [
+    ({"data": 8}, SPEC, 2, 100, r"strategy 'metp' needs sequence length \(100\) divisible by the model-parallel size \(8\)"),
+    ({"data": 8}, BlockSpec(n_heads=4, head_dim=16, d_model=64, d_ff=128), 2, 64,
+     r"strategy 'metp' needs n_heads \(4\) divisible by the model-parallel size \(8\)"),
+    ({"data": 8}, BlockSpec(n_heads=8, head_dim=8, d_model=64, d_ff=100), 2, 64,
+     r"strategy 'metp' needs d_ff \(100\) divisible by the model-parallel size \(8\)"),
+    ({"data": 2, "model": 4}, SPEC, 3, 64,
+     r"strategy 'metp' needs batch size \(3\) divisible by the batch-axis size \(2\)"),
+])
+def test_shape_errors(axes, spec, batch, seq, message):
+    mesh, strategy = build_mesh(axes), MemoryEfficientTensorParallel()
+    with pytest.raises(StrategyShapeError, match=message):
+        strategy.check(spec, mesh, batch=batch, seq_len=seq)
+    with pytest.raises(StrategyShapeError, match=message):  # also while tracing a layer
+        layer = partial(layer_forward, strategy, spec, mesh)
+        jax.eval_shape(layer, _layer_weights(spec, mesh), jnp.zeros((batch, seq, spec.d_model)),
+                       jnp.zeros((batch, seq), jnp.int32), jnp.zeros((batch, seq), jnp.int32))
+
+
+# -- compiled figures of one layer ---------------------------------------------------------------
+def _layer_weights(spec: BlockSpec, mesh, abstract=False):
+    d, h, k, f, g = spec.d_model, spec.n_heads, spec.head_dim, spec.d_ff, 2 if spec.gated else 1
+    shapes = {"attn_norm": ((d,), (L.EMBED,)), "wqkv": ((d, 3, h, k), (L.EMBED, L.QKV, L.HEADS, L.HEAD_DIM)),
+              "wo": ((h, k, d), (L.HEADS, L.HEAD_DIM, L.EMBED)), "mlp_norm": ((d,), (L.EMBED,)),
+              "w_in": ((d, g, f), (L.EMBED, L.GATE, L.MLP)), "w_out": ((f, d), (L.MLP, L.EMBED))}
+    if not abstract:
+        return {n: jnp.zeros(shape) for n, (shape, _) in shapes.items()}
+    layout = StorageLayout(mesh)
+    return {n: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=layout.sharding(axes, shape))
+            for n, (shape, axes) in shapes.items()}
+
+
+def compile_layer(strategy, spec: BlockSpec, mesh, batch: int, seq: int):
+    """One layer's fwd + bwd (grads of weights and input), weights in the storage layout."""
+    act = NamedSharding(mesh, strategy.boundary_spec(mesh))
+    tok = NamedSharding(mesh, strategy.token_spec(mesh))
+    x = jax.ShapeDtypeStruct((batch, seq, spec.d_model), jnp.float32, sharding=act)
+    ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=tok)
+
+    def loss(w, x, seg, pos):
+        return jnp.sum(layer_forward(strategy, spec, mesh, w, x, seg, pos) ** 2)
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1))).lower(_layer_weights(spec, mesh, True), x, ids, ids).compile()
+
+
+def device_bytes(compiled) -> int:
+    m = compiled.memory_analysis()
+    return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+
+
+_ITEM = {"f32": 4, "s32": 4, "u32": 4, "bf16": 2, "f16": 2, "pred": 1, "s8": 1, "u8": 1}
+_COLLECTIVE = re.compile(r"\s*(?:ROOT )?\S+ = (.+?) "
+                         r"(all-gather|all-reduce|collective-permute|all-to-all|reduce-scatter)(?:-start)?\(")
+
+
+def collectives(hlo: str):
+    """[(kind, [bytes of each result array])] of every collective in an HLO text."""
+    out = []
+    for line in hlo.splitlines():
+        match = _COLLECTIVE.match(line)
+        if match:
+            arrays = re.findall(r"(\w+)\[([\d,]*)\]", match.group(1))
+            out.append((match.group(2), [_ITEM[t] * math.prod(int(n) for n in dims.split(",") if n)
+                                         for t, dims in arrays]))
+    return out
+
+
+def test_hand_backward_uses_less_memory_than_autodiff():
+    spec = BlockSpec(n_heads=8, head_dim=32, d_model=256, d_ff=1024, attention="blockwise", attention_block=256)
+    mesh = build_mesh({"data": 8})
+    hand = device_bytes(compile_layer(MemoryEfficientTensorParallel(), spec, mesh, 1, 2048))
+    auto = device_bytes(compile_layer(MemoryEfficientTensorParallel(hand_backward=False), spec, mesh, 1, 2048))
+    print(f"\nmetp one layer fwd+bwd, d=256 s=2048 p=8, per device: hand backward {hand / 2**20:.2f} MiB, "
+          f"autodiff {auto / 2**20:.2f} MiB")
+    assert 2 * hand < auto, (hand, auto)
+
+
+@pytest.mark.parametrize("axes", MESHES)
+def test_hlo_moves_only_blocks(axes):
+    """Rings of collective-permutes; every all-gather / all-reduce is at most one weight block."""
+    spec = BlockSpec(n_heads=8, head_dim=8, d_model=64, d_ff=128, attention_block=16)
+    mesh = build_mesh(axes)
+    strategy = MemoryEfficientTensorParallel()
+    batch, seq, p = 4, 256, strategy.ring(mesh).size
+    ops = collectives(compile_layer(strategy, spec, mesh, batch, seq).as_text())
+    assert any(kind == "collective-permute" for kind, _ in ops), "metp: no collective-permute in the HLO"
+    full_weights = [spec.d_model * 3 * spec.n_heads * spec.head_dim * 4, spec.d_model * 2 * spec.d_ff * 4]
+    block = max(full_weights) // p
+    local_batch = batch // (mesh.devices.size // p)
+    gathered_activation = local_batch * seq * spec.d_model * 4
+    assert block < min(full_weights + [gathered_activation])
+    for kind, sizes in ops:
+        if kind in ("all-gather", "all-reduce", "all-to-all"):
+            assert max(sizes) <= block, f"metp on {axes}: {kind} of {max(sizes)} bytes (block {block})"
+
+
+def test_group_broadcast_psum_vs_ring():
+    """Both ways of sending a head group's weights compile; print their collectives and memory."""
+    spec = BlockSpec(n_heads=8, head_dim=32, d_model=256, d_ff=1024, attention="blockwise", attention_block=256)
+    mesh = build_mesh({"data": 8})
+    group_bytes = 4 * spec.d_model * spec.n_heads * spec.head_dim * 4 // 8  # wqkv_j + wo_j
+    figures = {}
+    for broadcast in ("psum", "ring"):
+        compiled = compile_layer(MemoryEfficientTensorParallel(broadcast=broadcast), spec, mesh, 1, 2048)
+        ops = collectives(compiled.as_text())
+        group_ops = [(kind, sizes) for kind, sizes in ops if group_bytes * 3 // 4 in sizes]
+        figures[broadcast] = device_bytes(compiled)
+        print(f"\nbroadcast={broadcast}: {figures[broadcast] / 2**20:.2f} MiB per device; HLO ops moving a "
+              f"group block ({group_bytes} B): " + ", ".join(sorted({k for k, _ in group_ops})) +
+              f" x{len(group_ops)} call sites")
+        expected = "all-reduce" if broadcast == "psum" else "collective-permute"
+        assert any(kind == expected for kind, _ in group_ops), (broadcast, group_ops)
