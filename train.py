@@ -1,9 +1,10 @@
 #!/usr/bin/env python
-"""Command line: python train.py --config FILE [--workdir DIR] [--steps N] [--set key=value ...]"""
+"""Command line: python train.py --config FILE [--workdir DIR] [--steps N] [--warmup-only] [--set key=value ...]"""
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 
 class _Parser(argparse.ArgumentParser):
@@ -17,6 +18,8 @@ def parse_args(argv):
     p.add_argument("--config", required=True, help="YAML config file (see configs/)")
     p.add_argument("--workdir", help="run directory: checkpoints, metrics.jsonl (default runs/<config name>)")
     p.add_argument("--steps", type=int, help="total step target of the run (default train.steps)")
+    p.add_argument("--warmup-only", action="store_true",
+                   help="compile every bucket's program (filling the compile cache), report, and exit")
     p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[],
                    metavar="KEY=VALUE", help="override a config value, e.g. --set train.seed=1")
     return p.parse_args(argv)
@@ -38,6 +41,12 @@ def main(argv=None) -> int:
         from dysejax.trainer import Trainer, default_workdir
 
         trainer = Trainer(config, workdir=args.workdir or config.workdir or default_workdir(args.config))
+        if args.warmup_only:
+            t0 = time.perf_counter()
+            report = trainer.warmup()
+            print(f"warmup: {len(report)} programs in {time.perf_counter() - t0:.1f} s "
+                  f"(compile cache: {trainer.compile_cache_dir or 'off'})")
+            return 0
         trainer.fit()
     except dysejax.UserError as e:
         sys.stderr.write(f"error: {e}\n")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding
 
 from dysejax.config import ModelConfig
@@ -46,6 +47,7 @@ class StateLayout:
 
     def __init__(self, model_cfg: ModelConfig, optimizer: Optimizer, layout: StorageLayout):
         self.model_cfg, self.optimizer, self.layout = model_cfg, optimizer, layout
+        self._compiled_init = None
         boxed = abstract_params(model_cfg)
         self.logical = logical_axes(boxed)
         params = nn.unbox(boxed)
@@ -62,10 +64,17 @@ class StateLayout:
         self.abstract = jax.tree.map(
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, self.shardings)
 
+    def compiled_init(self):
+        """The state initialiser, compiled ahead of time (seed -> state in the storage layout)."""
+        if self._compiled_init is None:
+            def build(seed):
+                params = nn.unbox(init_params(self.model_cfg, jax.random.key(seed)))
+                return {"step": jnp.zeros((), jnp.int32), "params": params,
+                        "opt_state": self.optimizer.init(params)}
+            self._compiled_init = jax.jit(build, out_shardings=self.shardings).lower(
+                jax.ShapeDtypeStruct((), jnp.uint32)).compile()
+        return self._compiled_init
+
     def init(self, seed: int):
         """A fresh state, created directly in the storage layout."""
-        def build(key):
-            params = nn.unbox(init_params(self.model_cfg, key))
-            return {"step": jnp.zeros((), jnp.int32), "params": params,
-                    "opt_state": self.optimizer.init(params)}
-        return jax.jit(build, out_shardings=self.shardings)(jax.random.key(seed))
+        return self.compiled_init()(np.uint32(seed))

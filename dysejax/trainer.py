@@ -64,9 +64,10 @@ class Trainer:
             for plan in self.plans.candidates(bucket):
                 self.check_plan(plan, bucket, self.data.batch_size(bucket))
         self.budget = runtime.memory_budget_bytes(config.parallel.memory_budget_gb)
+        self.compile_cache_dir = None
         if config.train.compile_cache:
-            runtime.enable_compilation_cache(config.train.compile_cache_dir
-                                             or os.path.join(self.workdir, "compile_cache"))
+            self.compile_cache_dir = config.train.compile_cache_dir or os.path.join(self.workdir, "compile_cache")
+            runtime.enable_compilation_cache(self.compile_cache_dir)
         self.compiles = compile_counter()
         self.warmup_report: Optional[list[dict]] = None
         self._compiles_at_warmup = 0
@@ -112,6 +113,7 @@ class Trainer:
         from tqdm.auto import tqdm
 
         report, failures = [], []
+        self.state_layout.compiled_init()
         jobs = self._jobs()
         bar = tqdm(jobs, desc="warmup", unit="program", file=sys.stderr, disable=not (
             self.verbose and self.is_writer and self.config.train.progress))

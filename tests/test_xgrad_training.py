@@ -8,6 +8,7 @@ parameter-sized buffer more (XLA's per-device figures) and the same collectives;
 
 All runs share one bucket and batch (64 x 32 rows) so a run compiles one train program.
 """
+import dataclasses
 import math
 import re
 from collections import Counter
@@ -19,6 +20,7 @@ import pytest
 
 import dysejax
 import dysejax.step
+from dysejax.config import TrainConfig
 from dysejax.programs import abstract_batch, batch_sharding
 from dysejax.step import loss_sums, make_train_step
 from tests.conftest import FAST, TINY
@@ -60,9 +62,14 @@ class Runs:
 
     def __init__(self, tmp_path_factory):
         self.tmp, self.cache = tmp_path_factory, {}
+        # One persistent compilation cache for the module: runs differ in few programs.
+        self.shared = []
+        if "compile_cache_dir" in {f.name for f in dataclasses.fields(TrainConfig)}:
+            self.shared = ["train.compile_cache_dir=" + str(tmp_path_factory.mktemp("compile_cache"))]
 
     def trainer(self, *extra):
-        return dysejax.Trainer(_config(*extra), workdir=str(self.tmp.mktemp("run")), verbose=False)
+        return dysejax.Trainer(_config(*self.shared, *extra), workdir=str(self.tmp.mktemp("run")),
+                               verbose=False)
 
     def get(self, *extra, steps=SHORT):
         key = (extra, steps)
