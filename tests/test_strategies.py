@@ -27,3 +27,25 @@ def test_tensor_parallel_matches_reference(plan, seq):
 @pytest.mark.parametrize("plan", ["tp", "tp_sp"])
 def test_tensor_parallel_on_2d_mesh(plan):
     check_against_reference(plan, {"data": 2, "model": 4}, batch=4, seq=96)
+
+
+@pytest.mark.parametrize("plan, layers, batch", [([["tp_sp", 1], ["metp", 1]], 2, 2),
+                                                 ([["ring", 1], ["ulysses", 1], ["metp", 1]], 3, 2),
+                                                 ([["dp", 1], ["tp", 1], ["fsdp", 1]], 3, 8)])
+def test_mixed_plans_match_reference(plan, layers, batch):
+    check_against_reference(plan, batch=batch, seq=96, extra=[f"model.n_layers={layers}"])
+
+
+def test_every_strategy_trains_like_dp(tiny_config, tmp_path):
+    import numpy as np
+    import dysejax
+    from sharding.strategies import STRATEGIES
+
+    losses = {}
+    for name in STRATEGIES:
+        rows = dysejax.Trainer(tiny_config(f"parallel.plan={name}", "data.eval_batches=0"),
+                               workdir=str(tmp_path / name)).fit(steps=2)
+        assert {r["plan"] for r in rows} == {name}
+        losses[name] = [r["loss"] for r in rows]
+    for name, values in losses.items():
+        np.testing.assert_allclose(values, losses["dp"], rtol=1e-4, err_msg=name)

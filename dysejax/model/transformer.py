@@ -7,7 +7,6 @@ MLP. So the same parameters serve every plan, and switching plans moves no param
 """
 from __future__ import annotations
 
-from functools import partial
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -17,6 +16,7 @@ from dysejax.config import ModelConfig
 from sharding import layout as L
 from sharding.ops.blocks import BlockSpec, rms_norm
 from sharding.plan import Plan
+from sharding.stack import layer_weight_shapes, run_layers
 from sharding.strategies import get_strategy
 
 
@@ -27,56 +27,6 @@ def block_spec(cfg: ModelConfig) -> BlockSpec:
         d_ff=cfg.resolved_d_ff, gated=cfg.mlp == "gated", activation=cfg.activation,
         attention=cfg.attention, attention_block=cfg.attention_block, rope_theta=cfg.rope_theta,
         norm_eps=cfg.norm_eps, compute_dtype=cfg.compute_dtype)
-
-
-def layer_param_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
-    """Per-layer parameter shapes and logical axes (without the leading layers axis)."""
-    d, h, k, f = cfg.d_model, cfg.n_heads, cfg.resolved_head_dim, cfg.resolved_d_ff
-    g = 2 if cfg.mlp == "gated" else 1
-    return {
-        "attn_norm": ((d,), (L.EMBED,)),
-        "wqkv": ((d, 3, h, k), (L.EMBED, L.QKV, L.HEADS, L.HEAD_DIM)),
-        "wo": ((h, k, d), (L.HEADS, L.HEAD_DIM, L.EMBED)),
-        "mlp_norm": ((d,), (L.EMBED,)),
-        "w_in": ((d, g, f), (L.EMBED, L.GATE, L.MLP)),
-        "w_out": ((f, d), (L.MLP, L.EMBED)),
-    }
-
-
-_REMAT = {
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
-
-
-def layer_forward(strategy, spec: BlockSpec, mesh: Mesh, w, x, segment_ids, positions):
-    """One pre-norm Transformer layer computed by `strategy`."""
-    h = rms_norm(x, w["attn_norm"], spec.norm_eps)
-    x = x + strategy.attention(w, h, segment_ids, positions, spec, mesh)
-    h = rms_norm(x, w["mlp_norm"], spec.norm_eps)
-    return x + strategy.mlp(w, h, spec, mesh)
-
-
-def run_layers(plan: Plan, stacked, x, segment_ids, positions, spec: BlockSpec, mesh: Mesh,
-               default_remat: str = "none", scan: bool = True):
-    """Apply the plan's runs to the stacked layer weights in order."""
-    start = 0
-    for run in plan.runs:
-        strategy = get_strategy(run.strategy)
-        weights = jax.tree.map(lambda p: p[start:start + run.n_layers], stacked)
-        weights = strategy.run_weights(weights, mesh)
-        x, seg, pos = strategy.enter(x, segment_ids, positions, mesh)
-        body = partial(layer_forward, strategy, spec, mesh)
-        policy = run.remat or default_remat
-        if policy != "none":
-            body = jax.checkpoint(body, policy=_REMAT[policy])
-        if scan:
-            x, _ = jax.lax.scan(lambda carry, w: (body(w, carry, seg, pos), None), x, weights)
-        else:
-            for i in range(run.n_layers):
-                x = body(jax.tree.map(lambda p: p[i], weights), x, seg, pos)
-        start += run.n_layers
-    return x
 
 
 def _init(std: float):
@@ -102,7 +52,7 @@ class Transformer(nn.Module):
                  "wqkv": _init(std), "w_in": _init(std), "wo": _init(out_std), "w_out": _init(out_std)}
         self.embed = self._param("embed", (cfg.vocab_size, cfg.d_model), (L.VOCAB, L.EMBED), _init(std))
         self.layers = {name: self._param(f"layers_{name}", shape, axes, inits[name], stacked=True)
-                       for name, (shape, axes) in layer_param_shapes(cfg).items()}
+                       for name, (shape, axes) in layer_weight_shapes(block_spec(cfg)).items()}
         self.final_norm = self._param("final_norm", (cfg.d_model,), (L.EMBED,), nn.initializers.ones)
         if not cfg.tie_embeddings:
             self.lm_head = self._param("lm_head", (cfg.d_model, cfg.vocab_size), (L.EMBED, L.VOCAB), _init(std))

@@ -248,14 +248,12 @@ def _qkv(spec: BlockSpec, pos, x, wqkv):
     return blocks.qkv_projection(wqkv, x, pos, spec)
 
 
-def _tile(spec: BlockSpec) -> int:
-    return spec.attention_block
-
-
 def attention_forward(x, seg, pos, wqkv, wo, spec: BlockSpec, ring: Ring, broadcast: str = "psum"):
     """(out [B, c, D], o per group [p, B, c, H/p, K], lse per group [p, B, c, H/p]) of the
     attention sub-layer for this device's chunk x; (wqkv [D, 3, H/p, K], wo [H/p, K, D]) is
-    its head group. Plain JAX (autodiff through it keeps every visiting block)."""
+    its head group. K/V blocks are processed in `spec.attention_block` tiles, fully masked
+    tiles (the causal future, other documents) skipped. Plain JAX (autodiff through it keeps
+    every visiting block)."""
     bcast = partial(_BROADCAST[broadcast], (wqkv, wo), ring=ring)
     idx = chunk_index(seg.shape, ring)
     p, (B, c, D), (hg, kd) = ring.size, x.shape, wqkv.shape[2:]
@@ -263,7 +261,7 @@ def attention_forward(x, seg, pos, wqkv, wo, spec: BlockSpec, ring: Ring, broadc
     def group(j, w, state):
         out, o_all, lse_all = state
         q, k, v = _qkv(spec, pos, x, w[0])
-        o, lse = ring_attention_forward(q, k, v, seg, idx, ring, _tile(spec))
+        o, lse = ring_attention_forward(q, k, v, seg, idx, ring, spec.attention_block)
         out = out + blocks.output_projection(o, w[1]).astype(_F32)
         return (out, lax.dynamic_update_index_in_dim(o_all, o, j, 0),
                 lax.dynamic_update_index_in_dim(lse_all, lse, j, 0))
@@ -298,7 +296,7 @@ def _metp_attention_bwd(spec, ring, broadcast, res, dout):
         o, lse = o_all[j], lse_all[j]
         do = jnp.einsum("bsd,hkd->bshk", dout, wo_j.astype(dout.dtype))
         dwo_part = jnp.einsum("bshk,bsd->hkd", o, dout, preferred_element_type=_F32)
-        dq, dk, dv = ring_attention_backward(q, k, v, seg, idx, o, lse, do, ring, _tile(spec))
+        dq, dk, dv = ring_attention_backward(q, k, v, seg, idx, o, lse, do, ring, spec.attention_block)
         dx_t, dwq_part = proj_vjp((dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)))
         dwq_j, dwo_j = lax.psum((dwq_part.astype(_F32), dwo_part), ring.all_axes)  # to the owner
         mine = home == j

@@ -1,0 +1,1 @@
+"""What a plan costs (memory, time, communication) and which plan to run."""

@@ -1,0 +1,57 @@
+"""Compile a stack of layers under one strategy with abstract inputs and read XLA's figures.
+
+This is the ground truth the cost model is fitted to and the benchmarks report: one training
+step (forward + backward) of `n_layers` layers, weights in the unified storage layout,
+activations in the strategy's boundary layout, nothing executed.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+
+from costmodel.hlo import collective_bytes
+from sharding.layout import LAYERS, StorageLayout
+from sharding.ops.blocks import BlockSpec
+from sharding.plan import Plan, Run
+from sharding.stack import layer_weight_shapes, run_layers
+from sharding.strategies import get_strategy
+
+
+def layer_step(strategy: str, spec: BlockSpec, mesh: Mesh, batch: int, seq_len: int, n_layers: int = 1,
+               remat: Optional[str] = None, param_dtype=jnp.float32, scan: bool = True):
+    """The compiled forward+backward of `n_layers` layers run by `strategy` (not executed)."""
+    layout = StorageLayout(mesh)
+    strat = get_strategy(strategy)
+    weights = {}
+    for name, (shape, axes) in layer_weight_shapes(spec).items():
+        full = (n_layers, *shape)
+        weights[name] = jax.ShapeDtypeStruct(full, param_dtype, sharding=layout.sharding((LAYERS, *axes), full))
+    x_sharding = NamedSharding(mesh, strat.boundary_spec(mesh))
+    tok_sharding = NamedSharding(mesh, strat.token_spec(mesh))
+    x = jax.ShapeDtypeStruct((batch, seq_len, spec.d_model), spec.dtype, sharding=x_sharding)
+    tok = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32, sharding=tok_sharding)
+    plan = Plan((Run(strategy, n_layers, remat),))
+
+    def loss(w, x, seg, pos):
+        y = run_layers(plan, w, x, seg, pos, spec, mesh, scan=scan)
+        return jnp.sum(y.astype(jnp.float32) ** 2)
+
+    fn = jax.jit(jax.grad(loss, argnums=(0, 1)),
+                 out_shardings=({k: v.sharding for k, v in weights.items()}, x_sharding))
+    return fn.lower(weights, x, tok, tok).compile()
+
+
+def figures(compiled) -> dict:
+    """Per-device bytes (argument/output/temp/total), flops and collective bytes by kind."""
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    out = {"argument": int(mem.argument_size_in_bytes), "output": int(mem.output_size_in_bytes),
+           "temp": int(mem.temp_size_in_bytes), "alias": int(mem.alias_size_in_bytes),
+           "flops": float((cost or {}).get("flops", 0.0))}
+    out["total"] = out["argument"] + out["output"] + out["temp"] - out["alias"]
+    out["collectives"] = collective_bytes(compiled.as_text())
+    return out

@@ -1,0 +1,66 @@
+"""Executing a plan over a stack of layers whose weights are stored once, stacked.
+
+The weights of all layers form one tree with a leading layers axis, in the unified storage
+layout; a plan slices it into runs, and each run executes under one `lax.scan` with its remat
+policy and its strategy's attention and MLP.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+from jax.sharding import Mesh
+
+from sharding import layout as L
+from sharding.ops.blocks import BlockSpec, rms_norm
+from sharding.plan import Plan
+from sharding.strategies import get_strategy
+
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def layer_weight_shapes(spec: BlockSpec) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """Per-layer weight shapes and logical axes (without the leading layers axis)."""
+    d, h, k, f = spec.d_model, spec.n_heads, spec.head_dim, spec.d_ff
+    g = 2 if spec.gated else 1
+    return {
+        "attn_norm": ((d,), (L.EMBED,)),
+        "wqkv": ((d, 3, h, k), (L.EMBED, L.QKV, L.HEADS, L.HEAD_DIM)),
+        "wo": ((h, k, d), (L.HEADS, L.HEAD_DIM, L.EMBED)),
+        "mlp_norm": ((d,), (L.EMBED,)),
+        "w_in": ((d, g, f), (L.EMBED, L.GATE, L.MLP)),
+        "w_out": ((f, d), (L.MLP, L.EMBED)),
+    }
+
+
+def layer_forward(strategy, spec: BlockSpec, mesh: Mesh, w, x, segment_ids, positions):
+    """One pre-norm Transformer layer computed by `strategy`."""
+    h = rms_norm(x, w["attn_norm"], spec.norm_eps)
+    x = x + strategy.attention(w, h, segment_ids, positions, spec, mesh)
+    h = rms_norm(x, w["mlp_norm"], spec.norm_eps)
+    return x + strategy.mlp(w, h, spec, mesh)
+
+
+def run_layers(plan: Plan, stacked, x, segment_ids, positions, spec: BlockSpec, mesh: Mesh,
+               default_remat: str = "none", scan: bool = True):
+    """Apply the plan's runs to the stacked layer weights in order."""
+    start = 0
+    for run in plan.runs:
+        strategy = get_strategy(run.strategy)
+        weights = jax.tree.map(lambda p: p[start:start + run.n_layers], stacked)
+        weights = strategy.run_weights(weights, mesh)
+        x, seg, pos = strategy.enter(x, segment_ids, positions, mesh)
+        body = partial(layer_forward, strategy, spec, mesh)
+        policy = run.remat or default_remat
+        if policy != "none":
+            body = jax.checkpoint(body, policy=REMAT_POLICIES[policy])
+        if scan:
+            x, _ = jax.lax.scan(lambda carry, w: (body(w, carry, seg, pos), None), x, weights)
+        else:
+            for i in range(run.n_layers):
+                x = body(jax.tree.map(lambda p: p[i], weights), x, seg, pos)
+        start += run.n_layers
+    return x
