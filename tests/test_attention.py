@@ -408,3 +408,55 @@ def test_kernels_type_check_inside_shard_map():
     assert rel_err(out, o_ref) < F32_TOL
     for a, b, c in zip(grads, pieces, g_ref):
         assert rel_err(a, c) < F32_TOL and rel_err(b, c) < F32_TOL
+
+
+def test_training_memory_blockwise_inside_layer_scan():
+    """Inside a (differentiated) lax.scan over layers the kernel must stay O(S·D + tile²).
+
+    The scan's partial evaluation hoists loop-invariant residuals out of the loop; the tiles'
+    masks and skip predicates depend only on the (loop-invariant) ids, so without care every
+    tile's mask / cond residual is precomputed and stacked, O(S²) like dense attention (S=8192:
+    36 MiB alone vs 730 MiB in a 1-step scan)."""
+    B, S, H, D = 1, 2048, 4, 64
+    sds = jax.ShapeDtypeStruct((B, S, H, D), jnp.float32)
+    ids = jax.ShapeDtypeStruct((B, S), jnp.int32)
+
+    def temp_bytes(attn, n_layers):
+        def layer(x, seg, idx):
+            return attn(x, x, x, q_segment_ids=seg, kv_segment_ids=seg, q_index=idx, kv_index=idx)
+
+        def loss(x, seg, idx):
+            if n_layers:  # ids are scan constants, as in the model's layer scan
+                x, _ = jax.lax.scan(lambda c, _: (layer(c, seg, idx), None), x, None, length=n_layers)
+            else:
+                x = layer(x, seg, idx)
+            return jnp.sum(x ** 2)
+
+        c = jax.jit(jax.grad(loss)).lower(sds, ids, ids).compile()
+        return c.memory_analysis().temp_size_in_bytes
+
+    block = functools.partial(blockwise_attention, block_size=256)
+    alone, scan1, scan2 = (temp_bytes(block, n) for n in (0, 1, 2))
+    dense = temp_bytes(dense_attention, 1)
+    print(f"\nS={S} H={H} D={D} blockwise(256) grad temp: alone {alone / 2**20:.1f} MiB, "
+          f"1-layer scan {scan1 / 2**20:.1f} MiB, 2-layer scan {scan2 / 2**20:.1f} MiB; "
+          f"dense in a scan {dense / 2**20:.1f} MiB")
+    assert scan1 < 2 * alone and scan2 < 2 * alone, (alone, scan1, scan2)
+    assert scan2 < 0.25 * dense, (scan2, dense)
+
+
+def test_blockwise_inside_layer_scan_matches_dense():
+    """Values and grads through a 2-layer scan (ids as scan constants), tiles partly skipped."""
+    q, _, _, kw, bs, qbs = _case("packed_padded")
+    ct = rand(np.random.default_rng(11), *q.shape)
+
+    def stack(attn):
+        def run(x):
+            y, _ = jax.lax.scan(lambda c, _: (attn(c, c, c, **kw), None), x, None, length=2)
+            return jnp.sum(y * ct), y
+        return jax.jit(jax.value_and_grad(run, has_aux=True))
+
+    (_, y), g = stack(functools.partial(blockwise_attention, block_size=bs, q_block_size=qbs))(q)
+    (_, y_ref), g_ref = stack(dense_attention)(q)
+    assert rel_err(y, y_ref) < F32_TOL
+    assert rel_err(g, g_ref) < F32_TOL

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from dysejax.model.transformer import layer_forward
+from sharding.stack import layer_forward
 from sharding import layout as L
 from sharding.layout import StorageLayout
 from sharding.mesh import build_mesh

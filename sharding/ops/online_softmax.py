@@ -36,6 +36,9 @@ for them (forward or under autodiff of ``attend_block``).
 visiting block is then processed in (bq x bk) tiles by lax.scan (fully masked tiles skipped
 with lax.cond), so scratch is O(bq * bk) instead of O(Sq * Skv). Everything type-checks inside
 ``shard_map(check_vma=True)`` (fresh scan carries are pcast to the inputs' varying axes).
+The ids pass an ``optimization_barrier`` with the data (``_tie``) so that, inside a
+differentiated layer scan, the masks / skip predicates are not hoisted out of the loop as
+loop-invariant residuals (which would stack one mask per tile: O(Sq * Skv) memory).
 """
 from __future__ import annotations
 
@@ -210,6 +213,29 @@ def _pvary(tree, axes):
     return jax.tree.map(one, tree)
 
 
+def _tie(ids, data, axes):
+    """``ids`` returned through an ``optimization_barrier`` together with ``data``.
+
+    The mask of every tile (and the skip predicate of its ``lax.cond``) is a function of the ids
+    alone, and ids are usually loop-invariant in a model's layer scan (segment ids and positions
+    are the same for every layer; ``None`` ids are constants). When that scan is differentiated,
+    its partial evaluation hoists loop-invariant residuals out of the loop: it re-partial-evaluates
+    the known body with the scan's constants known and its carry unknown, so every tile loop here
+    is split into a known part (masks from ids, the cond's predicate and its branches' id-only
+    values) and an unknown part, and the known part's per-tile values become stacked residuals:
+    O(n_q_tiles * n_k_tiles * bq * bk) bytes, i.e. O(Sq * Skv) like dense attention. Routing the
+    ids through a barrier with the data makes everything derived from them depend on the data,
+    so nothing here is loop-invariant any more (a no-op at run time; ``data`` is stop-gradient'ed
+    so autodiff through the kernel sees no extra dependence)."""
+    present = tuple(jnp.asarray(x) for x in ids if x is not None)
+    if not present:
+        return tuple(ids)
+    anchors = tuple(lax.stop_gradient(x) for x in jax.tree.leaves(data))
+    tied, _ = lax.optimization_barrier((_pvary(present, axes), _pvary(anchors, axes)))
+    tied = iter(tied)
+    return tuple(None if x is None else next(tied) for x in ids)
+
+
 def _tile_size(b, n):
     return n if b is None else max(1, min(int(b), n))
 
@@ -233,6 +259,7 @@ def attend_tiled(carry: Carry, q, k, v, ids, *, causal: bool, scale: float, bq=N
     sq_p, skv_p = -(-Sq // bq) * bq, -(-Skv // bk) * bk
     axes = _varying_axes(carry, q, k, v, ids)
     carry = _pvary(carry, axes)
+    qseg, kseg, qidx, kidx = _tie(ids, (carry, q, k, v), axes)
     kt = tuple(_to_tiles(_pad_seq(x, skv_p), bk) for x in (k, v, kseg, kidx))
     qt = tuple(_to_tiles(_pad_seq(x, sq_p), bq) for x in (q, qseg, qidx))
     ct = (
@@ -269,6 +296,7 @@ def grads_tiled(q, k, v, lse, dout, delta, ids, *, causal: bool, scale: float, b
     bq, bk = _tile_size(bq, Sq), _tile_size(bk, Skv)
     sq_p, skv_p = -(-Sq // bq) * bq, -(-Skv // bk) * bk
     axes = _varying_axes(q, k, v, lse, dout, delta, ids)
+    qseg, kseg, qidx, kidx = _tie(ids, (q, k, v, lse, dout, delta), axes)
     kt = tuple(_to_tiles(_pad_seq(x, skv_p), bk) for x in (k, v, kseg, kidx))
     qt = tuple(
         _to_tiles(_pad_seq(x, sq_p, val), bq)
@@ -350,6 +378,8 @@ def attend_block(
         return attend_tiled(
             carry, q, k, v, ids, causal=causal, scale=scale, bq=q_block_size, bk=kv_block_size
         )
+    data, ids = (carry, q, k, v), (q_segment_ids, kv_segment_ids, q_index, kv_index)
+    q_segment_ids, kv_segment_ids, q_index, kv_index = _tie(ids, data, _varying_axes(data, ids))
     mask = make_mask(
         q.shape[1], k.shape[1], q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
         q_index=q_index, kv_index=kv_index, causal=causal,
@@ -411,6 +441,8 @@ def block_grads(
             q, k, v, lse, dout, delta, ids, causal=causal, scale=scale,
             bq=q_block_size, bk=kv_block_size,
         )
+    data, ids = (q, k, v, lse, dout, delta), (q_segment_ids, kv_segment_ids, q_index, kv_index)
+    q_segment_ids, kv_segment_ids, q_index, kv_index = _tie(ids, data, _varying_axes(data, ids))
     mask = make_mask(
         q.shape[1], k.shape[1], q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
         q_index=q_index, kv_index=kv_index, causal=causal,

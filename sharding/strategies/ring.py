@@ -8,6 +8,8 @@ local to the sequence chunk; only attention talks to the other devices.
 """
 from __future__ import annotations
 
+import abc
+
 import jax
 from jax.sharding import PartitionSpec as P
 
@@ -35,8 +37,9 @@ class SequenceSharded(Strategy):
         super().check(spec, mesh, batch, seq_len)
         self._require_divisible("sequence length", seq_len, model_size(mesh), "the model-parallel size")
 
+    @abc.abstractmethod
     def attend(self, q, k, v, segment_ids, spec, mesh):
-        raise NotImplementedError
+        """Attention outputs [B, S, H, K] in the boundary layout."""
 
     def attention(self, w, x, segment_ids, positions, spec, mesh):
         w = replicate({"wqkv": w["wqkv"], "wo": w["wo"]}, mesh)
