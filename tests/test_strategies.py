@@ -43,7 +43,7 @@ def test_every_strategy_trains_like_dp(tiny_config, tmp_path):
 
     losses = {}
     for name in STRATEGIES:
-        rows = dysejax.Trainer(tiny_config(f"parallel.plan={name}", "data.eval_batches=0"),
+        rows = dysejax.Trainer(tiny_config(f"parallel.plan={name}", "data.eval_batches=0", "data.buckets=[64]"),
                                workdir=str(tmp_path / name)).fit(steps=2)
         assert {r["plan"] for r in rows} == {name}
         losses[name] = [r["loss"] for r in rows]
