@@ -51,6 +51,9 @@ def main(argv=None) -> int:
     except dysejax.UserError as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
+    except dysejax.TrainingError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 1
     if trainer.interrupted is not None:
         return 128 + trainer.interrupted
     return 0

@@ -8,7 +8,7 @@ Notebook API::
     rows = trainer.fit(steps=20)
 """
 from dysejax.config import Config, load_config
-from dysejax.errors import CheckpointError, ConfigError, DataError, PlanError, UserError
+from dysejax.errors import CheckpointError, ConfigError, DataError, PlanError, TrainingError, UserError
 
 
 def __getattr__(name):
@@ -21,4 +21,4 @@ def __getattr__(name):
 
 
 __all__ = ["Config", "load_config", "Trainer", "UserError", "ConfigError", "DataError",
-           "CheckpointError", "PlanError"]
+           "CheckpointError", "PlanError", "TrainingError"]

@@ -131,6 +131,7 @@ class TrainConfig:
     log_every: int = 1
     tensorboard: bool = False
     progress: bool = True
+    nonfinite: Literal["stop", "skip"] = "stop"  # a non-finite loss/gradient: stop, or skip the update
     compile_cache: bool = True  # JAX's persistent compilation cache
     compile_cache_dir: Optional[str] = None  # default WORKDIR/compile_cache
 

@@ -22,3 +22,7 @@ class CheckpointError(UserError):
 
 class PlanError(UserError):
     """A strategy plan cannot serve the model, mesh or shapes it is asked to."""
+
+
+class TrainingError(Exception):
+    """Training cannot go on (e.g. a non-finite loss under train.nonfinite=stop); exit status 1."""

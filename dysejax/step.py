@@ -30,8 +30,12 @@ def _microbatches(batch, n: int):
 
 
 def make_train_step(model: Transformer, optimizer: Optimizer, plan: Plan, mesh: Mesh,
-                    grad_accum: int = 1) -> Callable:
-    """state, batch -> new state, metrics. Gradients are taken at XGrad's predicted weights."""
+                    grad_accum: int = 1, skip_nonfinite: bool = False) -> Callable:
+    """state, batch -> new state, metrics. Gradients are taken at XGrad's predicted weights.
+
+    With `skip_nonfinite`, a step whose loss or gradient norm is not finite leaves params and
+    optimizer state as they were (metrics report `finite` either way).
+    """
     grad_fn = jax.value_and_grad(lambda p, b: loss_sums(model, plan, mesh, p, b), has_aux=True)
 
     def gradients(params, batch):
@@ -56,11 +60,17 @@ def make_train_step(model: Transformer, optimizer: Optimizer, plan: Plan, mesh: 
         loss_sum, count, grads = gradients(params_hat, batch)
         denom = jnp.maximum(count, 1.0)
         grads = jax.tree.map(lambda g: (g / denom).astype(g.dtype), grads)
-        updates, opt_state = optimizer.tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        metrics = {"loss": loss_sum / denom, "grad_norm": optax.tree.norm(grads),
+        grad_norm = optax.tree.norm(grads)
+        finite = jnp.isfinite(loss_sum) & jnp.isfinite(grad_norm)
+        updates, new_opt_state = optimizer.tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        if skip_nonfinite:
+            keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+            new_params = jax.tree.map(keep, new_params, params)
+            new_opt_state = jax.tree.map(keep, new_opt_state, opt_state)
+        metrics = {"loss": loss_sum / denom, "grad_norm": grad_norm, "finite": finite,
                    "lr": optimizer.schedule(step), "loss_tokens": count}
-        return {"step": step + 1, "params": params, "opt_state": opt_state}, metrics
+        return {"step": step + 1, "params": new_params, "opt_state": new_opt_state}, metrics
 
     return train_step
 

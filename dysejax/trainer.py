@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import signal
 import sys
@@ -22,7 +21,7 @@ from dysejax.checkpoint import Checkpointer
 from dysejax.compile_watch import compile_counter
 from dysejax.config import Config
 from dysejax.data import DataPipeline
-from dysejax.errors import ConfigError, PlanError
+from dysejax.errors import ConfigError, PlanError, TrainingError
 from dysejax.metrics import MetricsWriter
 from dysejax.model.transformer import Transformer, block_spec, count_params
 from dysejax.optim import build_optimizer
@@ -78,7 +77,8 @@ class Trainer:
         self.programs = ProgramCache(
             self.mesh, self.state_layout.abstract, self.state_layout.shardings,
             make_train=lambda plan: make_train_step(self.model, self.optimizer, plan, self.mesh,
-                                                    config.train.grad_accum),
+                                                    config.train.grad_accum,
+                                                    skip_nonfinite=config.train.nonfinite == "skip"),
             make_eval=lambda plan: make_eval_step(self.model, plan, self.mesh))
         self.is_writer = jax.process_index() == 0
 
@@ -234,6 +234,7 @@ class Trainer:
             if self.warmup_report is None:
                 self.warmup()
             reported = self.compiles_after_warmup
+            skipped = 0
             with _stop_signals() as stop, _progress(self, start, target) as bar:
                 for step in range(start + 1, target + 1):
                     plan_b = it.next_plan()
@@ -249,8 +250,14 @@ class Trainer:
                            "step_time_s": dt, "tokens_per_s": plan_b.real_tokens / dt if dt > 0 else 0.0,
                            "lr": float(out["lr"]), "grad_norm": float(out["grad_norm"]),
                            "bytes_per_device": program.bytes_per_device}
-                    if not math.isfinite(row["loss"]):
-                        raise FloatingPointError(f"non-finite loss at step {step} (bucket {plan_b.bucket})")
+                    if not bool(out["finite"]):
+                        if cfg.train.nonfinite == "stop":
+                            raise TrainingError(
+                                f"non-finite loss or gradient at step {step} (bucket {plan_b.bucket}, plan "
+                                f"{program.plan.id}); nothing was saved for it: lower optimizer.lr, or set "
+                                "train.nonfinite=skip to skip such steps")
+                        skipped += 1
+                    row["skipped_steps"] = skipped
                     if step % cfg.train.eval_every == 0 and cfg.data.eval_batches > 0:
                         eval_loss = self.evaluate(state["params"])
                         if eval_loss is not None:

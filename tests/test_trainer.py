@@ -4,6 +4,8 @@ import numpy as np
 import dysejax
 from dysejax.metrics import read_metrics
 
+import pytest
+
 ROW_KEYS = {"step", "loss", "tokens", "bucket", "plan", "step_time_s", "loss_tokens", "batch_size",
             "lr", "grad_norm", "bytes_per_device", "tokens_per_s"}
 
@@ -81,3 +83,31 @@ def test_resume_after_a_lost_tail_truncates_metrics(tiny_config, tmp_path):
     again = dysejax.Trainer(config, workdir=str(tmp_path)).fit(steps=5)
     assert [r["step"] for r in again] == [3, 4, 5]
     assert [r["loss"] for r in read_metrics(str(tmp_path))] == _losses(rows).tolist()
+
+
+def test_nonfinite_loss_stops_or_skips(tiny_config, tmp_path):
+    # Adam steps of size ~lr: at 1e30 the weights overflow and the loss turns non-finite.
+    bad = ["optimizer.lr=1e30", "optimizer.warmup_steps=0", "optimizer.clip_norm=null"]
+    with pytest.raises(dysejax.TrainingError, match=r"non-finite loss or gradient at step \d+ \(bucket \d+, plan dp\)"):
+        dysejax.Trainer(tiny_config(*bad), workdir=str(tmp_path / "stop")).fit(steps=6)
+    trainer = dysejax.Trainer(tiny_config(*bad, "train.nonfinite=skip"), workdir=str(tmp_path / "skip"))
+    rows = trainer.fit(steps=6)
+    assert rows[-1]["skipped_steps"] > 0 and len(rows) == 6
+
+
+def test_skipped_step_leaves_the_state_unchanged(tiny_config, tmp_path):
+    import jax
+    trainer = dysejax.Trainer(tiny_config("train.nonfinite=skip", "data.eval_batches=0"), workdir=str(tmp_path))
+    trainer.warmup()
+    state = trainer.state_layout.init(0)
+    params = dict(state["params"])
+    params["final_norm"] = params["final_norm"] * float("nan")  # every loss is NaN now
+    state = {**state, "params": params}
+    before = jax.tree.map(np.asarray, state)
+    plan_b = trainer.data.train_iterator().next_plan()
+    program = trainer.program_for("train", plan_b.bucket, plan_b.batch_size)
+    after, out = program(state, trainer._put(trainer.data.materialize(plan_b), program.plan))
+    assert not bool(out["finite"])
+    for a, b in zip(jax.tree.leaves(before["params"]) + jax.tree.leaves(before["opt_state"]),
+                    jax.tree.leaves(after["params"]) + jax.tree.leaves(after["opt_state"])):
+        np.testing.assert_array_equal(np.asarray(b), a)
