@@ -60,7 +60,7 @@ def dispatch_and_step(steps: int) -> dict:
         t0 = time.perf_counter()
         plan_b = it.next_plan()
         program = trainer.program_for("train", plan_b.bucket, plan_b.batch_size)
-        batch = trainer._put(trainer.data.materialize(plan_b), program.plan)
+        batch = trainer.load_batch(plan_b, program.plan)
         t1 = time.perf_counter()
         state, out = program(state, batch)
         jax.block_until_ready(out)

@@ -167,14 +167,16 @@ class Trainer:
         if self.verbose and self.is_writer:
             print(message, flush=True)
 
-    def _put(self, batch, plan: Plan):
+    def load_batch(self, plan_b, plan: Plan) -> dict:
+        """Global device arrays of one batch; this process materialises only the block of rows
+        and columns its devices hold (from the global batch plan every process shares)."""
         sharding = batch_sharding(plan, self.mesh)
-        arrays = batch.as_dict()
-        rows = arrays["inputs"].shape[0]
-        per_process = rows // jax.process_count()
-        lo = jax.process_index() * per_process
-        return {k: jax.make_array_from_process_local_data(sharding, arrays[k][lo:lo + per_process],
-                                                          (rows, arrays[k].shape[1]))
+        shape = (plan_b.batch_size, plan_b.bucket)
+        boxes = list(sharding.addressable_devices_indices_map(shape).values())
+        (r0, r1), (c0, c1) = [(min(b[d].indices(n)[0] for b in boxes), max(b[d].indices(n)[1] for b in boxes))
+                              for d, n in enumerate(shape)]
+        arrays = self.data.materialize(plan_b, rows=slice(r0, r1)).as_dict()
+        return {k: jax.make_array_from_process_local_data(sharding, arrays[k][:, c0:c1], shape)
                 for k in BATCH_KEYS}
 
     def _meta(self) -> dict:
@@ -191,7 +193,7 @@ class Trainer:
         total, count = 0.0, 0.0
         for plan_b in self.data.eval_plans():
             program = self.program_for("eval", plan_b.bucket, plan_b.batch_size)
-            loss_sum, n = jax.device_get(program(params, self._put(self.data.materialize(plan_b), program.plan)))
+            loss_sum, n = jax.device_get(program(params, self.load_batch(plan_b, program.plan)))
             total, count = total + float(loss_sum), count + float(n)
         return total / count if count else None
 
@@ -239,7 +241,7 @@ class Trainer:
                 for step in range(start + 1, target + 1):
                     plan_b = it.next_plan()
                     program = self.program_for("train", plan_b.bucket, plan_b.batch_size)
-                    batch = self._put(self.data.materialize(plan_b), program.plan)
+                    batch = self.load_batch(plan_b, program.plan)
                     t0 = time.perf_counter()
                     state, out = program(state, batch)
                     out = jax.device_get(out)
