@@ -8,7 +8,7 @@ collective (from the compiled HLO, loop trip counts applied). A strategy stops a
 length whose p devices would need more than this machine's RAM. Also prints the full-overlap
 condition of METP's ring steps for the A100 and H200 profiles.
 
-    python benchmarks/metp_memory.py [--max-len 32768] [--json OUT]
+    python benchmarks/metp_memory.py [--max-len 131072] [--json OUT]
 
 Figures are compiled, not run; remat-free (the default plan policy). XLA:CPU's
 `cse_barrier_expander` pass is disabled (as dysejax does) so that memory figures behave as on
@@ -45,7 +45,7 @@ def overlap_condition(profile, dtype_bytes: int = 2) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--max-len", type=int, default=32768)
+    p.add_argument("--max-len", type=int, default=131072)
     p.add_argument("--devices", type=int, nargs="+", default=[4, 8])
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
