@@ -1,0 +1,343 @@
+"""Accuracy of the cost model: predicted vs XLA memory and vs measured step time, held-out lengths.
+
+    python benchmarks/costmodel_accuracy.py [--quick] [--json OUT] [--cache DIR] [--write-coefficients]
+
+Memory (compiled only, nothing executed): per-strategy feature multipliers are fitted
+(`costmodel.memory.fit_coefficients`) on XLA's per-device figures for a layer stack compiled with
+2 and 3 layers under `lax.scan` at a few lengths of two shapes; they are then checked on lengths
+and shapes not used for fitting (other lengths, a larger length, a bf16 / gated / 16-head shape,
+a {data: 2, model: 4} mesh): the per-device total (argument + output + temp) of a 3-layer step,
+plus the per-layer stored bytes and transient where both stacks were compiled.
+
+Time (executed on this machine's 8 simulated CPU devices): each strategy's 2-layer step is timed
+(min of several runs: the machine is shared) at a few lengths of a tiny shape; the device
+coefficients are fitted (`costmodel.profile.fit_time`) on some lengths and the prediction is
+checked on the others.
+
+`--cache DIR` keeps the measured samples so a rerun only compiles what is missing;
+`--write-coefficients` replaces the shipped memory coefficients (costmodel/memory_coefficients.json)
+with the ones fitted here.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
+                                   "--xla_disable_hlo_passes=cse_barrier_expander")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+from costmodel import memory as M  # noqa: E402
+from costmodel.profile import Calibration, TimeSample, fit_time, measure_times, predict_step_time  # noqa: E402
+from sharding.ops.blocks import BlockSpec  # noqa: E402
+
+STRATEGIES = ("dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp")
+
+# Memory: calibration shape (compiles in seconds, per-device figures in the 10-1000 MiB range).
+SPEC_CAL = BlockSpec(n_heads=8, head_dim=64, d_model=512, d_ff=2048, gated=False, activation="gelu",
+                     attention_block=512)
+# Held-out shape: bf16 compute, gated SiLU MLP, 16 heads of 32.
+SPEC_HELD = BlockSpec(n_heads=16, head_dim=32, d_model=512, d_ff=1536, gated=True, activation="silu",
+                      attention_block=512, compute_dtype="bfloat16")
+# Held-out shape: smaller, gated SiLU, f32, smaller attention block.
+SPEC_SMALL = BlockSpec(n_heads=8, head_dim=32, d_model=256, d_ff=1024, gated=True, activation="silu",
+                       attention_block=256)
+# Time: tiny shape that runs in well under a second per step on 2 cores.
+SPEC_TIME = BlockSpec(n_heads=8, head_dim=16, d_model=128, d_ff=384, attention_block=128)
+
+
+def plans(quick: bool):
+    """(memory fit jobs, memory held-out jobs, time fit lengths, time held-out lengths).
+    A job: (label, spec, mesh shape, batch, seq_len, remat, two_stacks)."""
+    if quick:
+        fit = [("cal", SPEC_CAL, {"data": 8}, 8, s, "none", True) for s in (512, 2048)]
+        held = [("cal", SPEC_CAL, {"data": 8}, 8, 1024, "none", False),
+                ("bf16-gated", SPEC_HELD, {"data": 8}, 8, 2048, "none", False)]
+        return fit, held, (64, 512), (256,)
+    fit = [("cal", SPEC_CAL, {"data": 8}, 8, s, "none", True) for s in (256, 512, 1024, 4096)]
+    fit += [("cal", SPEC_CAL, {"data": 8}, 8, s, r, True) for s in (512, 4096) for r in ("full", "dots")]
+    fit += [("gated-256", SPEC_SMALL, {"data": 8}, 8, s, "none", True) for s in (512, 4096)]
+    held = [("cal", SPEC_CAL, {"data": 8}, 8, s, "none", True) for s in (2048,)]
+    held += [("cal", SPEC_CAL, {"data": 8}, 8, 8192, "none", False)]
+    held += [("cal", SPEC_CAL, {"data": 8}, 8, 2048, r, False) for r in ("full", "dots")]
+    held += [("bf16-gated", SPEC_HELD, {"data": 8}, 8, s, "none", False) for s in (1024, 4096)]
+    held += [("gated-256", SPEC_SMALL, {"data": 8}, 8, s, "none", False) for s in (1024, 2048)]
+    held += [("mesh 2x4", SPEC_CAL, {"data": 2, "model": 4}, 4, 2048, "none", False)]
+    return fit, held, (64, 256, 1024), (128, 512)
+
+
+# ------------------------------------------------------------------------------------------------
+# Memory
+# ------------------------------------------------------------------------------------------------
+def _key(label, mesh_shape, s, strategy, remat, two):
+    return f"{label}|{json.dumps(mesh_shape, sort_keys=True)}|{s}|{strategy}|{remat}|{int(two)}"
+
+
+def measure_memory(jobs, cache: dict, meshes: dict, log) -> list[tuple[str, M.Sample, bool]]:
+    from costmodel.probe import figures, layer_step
+    out = []
+    for label, spec, mesh_shape, batch, s, remat, two in jobs:
+        mk = tuple(mesh_shape.items())
+        if mk not in meshes:
+            from sharding.mesh import build_mesh
+            meshes[mk] = build_mesh(mesh_shape)
+        mesh = meshes[mk]
+        ok = set(M.feasible_strategies(spec, mesh_shape, batch, s, STRATEGIES))
+        for strategy in STRATEGIES:
+            if strategy not in ok:
+                continue
+            key = _key(label, mesh_shape, s, strategy, remat, two)
+            if key in cache:
+                smp = M.Sample.from_json(cache[key])
+            else:
+                t0 = time.time()
+                shape = M.Shape(spec, mesh_shape, batch, s, backend=mesh.devices.flat[0].platform)
+                if two:
+                    m = M.measure_layer(strategy, spec, mesh, batch, s, remat)
+                    smp = M.Sample(shape, strategy, remat, m["stored"], m["peak"], m["total"])
+                else:
+                    c = layer_step(strategy, spec, mesh, batch, s, n_layers=3, remat=None if remat == "none" else remat)
+                    smp = M.Sample(shape, strategy, remat, float("nan"), float("nan"), {3: figures(c)["total"]})
+                cache[key] = smp.to_json()
+                log(f"  compiled {label} s={s} {strategy}@{remat} in {time.time() - t0:.1f}s")
+            out.append((label, smp, two))
+    return out
+
+
+def memory_rows(samples, coefficients) -> list[dict]:
+    rows = []
+    for label, smp, two in samples:
+        shape = smp.shape
+        pred_total = M.plan_layer_bytes(shape, smp.strategy, smp.remat, 3, coefficients)
+        xla_total = smp.total[3]
+        row = {"shape": label, "mesh": dict(shape.mesh_shape), "seq_len": shape.seq_len, "strategy": smp.strategy,
+               "remat": smp.remat, "xla_total": xla_total, "pred_total": pred_total,
+               "err_total": abs(pred_total - xla_total) / xla_total}
+        if two:
+            m = M.layer_memory(shape, smp.strategy, smp.remat, coefficients)
+            row.update(xla_stored=smp.stored, pred_stored=m.activations, xla_peak=smp.peak, pred_peak=m.peak,
+                       err_stored=abs(m.activations - smp.stored) / max(smp.stored, 1.0),
+                       err_peak=abs(m.peak - smp.peak) / max(smp.peak, 1.0))
+        rows.append(row)
+    return rows
+
+
+def summary(errs) -> dict:
+    errs = [e for e in errs if e == e]
+    if not errs:
+        return {"median": None, "max": None, "n": 0}
+    return {"median": float(np.median(errs)), "max": float(np.max(errs)), "n": len(errs)}
+
+
+# ------------------------------------------------------------------------------------------------
+# Time
+# ------------------------------------------------------------------------------------------------
+def measure_time(lengths, cache: dict, mesh, log, repeats: int) -> list[TimeSample]:
+    """Time every strategy at every length (interleaved rounds, so machine load hits all alike)."""
+    missing = [s for s in lengths if any(f"time|{s}|{st}" not in cache for st in STRATEGIES)]
+    if missing:
+        t0 = time.time()
+        got = measure_times(mesh, SPEC_TIME, 8, missing, STRATEGIES, ("none",), n_layers=2, repeats=repeats)
+        for smp in got:
+            cache[f"time|{smp.shape.seq_len}|{smp.strategy}"] = smp.to_json()
+            log(f"  s={smp.shape.seq_len:5d} {smp.strategy:8s} {smp.seconds * 1e3:8.1f} ms (min), "
+                f"{smp.median * 1e3:8.1f} ms (median)")
+        log(f"  compiled and timed {len(got)} programs in {time.time() - t0:.0f}s")
+    return [TimeSample.from_json(cache[f"time|{s}|{st}"]) for s in lengths for st in STRATEGIES
+            if f"time|{s}|{st}" in cache]
+
+
+# ------------------------------------------------------------------------------------------------
+# End to end: CostTable.plan_bytes vs the trainer's compiled train step
+# ------------------------------------------------------------------------------------------------
+E2E_OVERRIDES = ["model.d_model=256", "model.n_heads=8", "model.d_ff=768", "model.n_layers=4",
+                 "model.attention_block=256", "data.source=synthetic", "data.synthetic.num_docs=50",
+                 "data.synthetic.max_len=2048", "data.buckets=[512,2048]", "data.tokens_per_batch=8192",
+                 "data.eval_batches=0", "train.progress=false"]
+E2E_PLANS = [[[s, 4]] for s in STRATEGIES] + [[["fsdp", 4, "full"]], [["tp_sp", 4, "dots"]], [["metp", 4, "full"]],
+                                               [["tp_sp", 2], ["metp", 2]], [["dp", 1], ["tp", 1], ["fsdp", 2]],
+                                               [["ring", 1], ["ulysses", 1], ["metp", 2, "full"]]]
+
+
+def end_to_end(cache: dict, log, workdir: str) -> list[dict]:
+    """Predicted per-device bytes of whole train steps (embedding, layers, loss, AdamW update)
+    vs XLA's figure for the program the trainer compiles, per bucket and plan."""
+    import dysejax
+    from dysejax.model.transformer import block_spec
+
+    from costmodel.table import Choice, cost_table
+    cfg = dysejax.load_config(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                           "configs", "tiny.yaml"), E2E_OVERRIDES)
+    trainer = None
+    spec = block_spec(cfg.model)
+    rows = []
+    for bucket in cfg.data.buckets:
+        for written in E2E_PLANS:
+            key = f"e2e|{bucket}|{json.dumps(written)}"
+            if key not in cache:
+                if trainer is None:
+                    trainer = dysejax.Trainer(cfg, workdir=workdir, verbose=False)
+                plan = trainer.parse_plan(written)
+                bs = trainer.data.batch_size(bucket)
+                try:
+                    trainer.check_plan(plan, bucket, bs)
+                except Exception as e:  # a strategy that cannot serve the shape
+                    log(f"  skip {bucket} {written}: {e}")
+                    continue
+                prog = trainer.programs.get("train", bucket, bs, plan)
+                cache[key] = {"batch": bs, "xla": prog.bytes_per_device}
+            got = cache[key]
+            per_layer = [Choice(r[0], r[2] if len(r) > 2 else "none") for r in written for _ in range(r[1])]
+            choices = tuple(dict.fromkeys(per_layer))
+            table = cost_table(spec, dict(cfg.parallel.mesh) if -1 not in cfg.parallel.mesh.values() else {"data": 8},
+                               got["batch"], bucket, cfg.model.n_layers, cfg.model.vocab_size, hardware="a100-80gb",
+                               choices=choices)
+            pred = table.plan_bytes([choices.index(c) for c in per_layer])
+            rows.append({"bucket": bucket, "batch": got["batch"], "plan": written, "xla": got["xla"], "pred": pred,
+                         "err": abs(pred - got["xla"]) / got["xla"]})
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------
+def fmt_mib(x):
+    return "-" if x is None or x != x else f"{x / 2**20:9.1f}"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer lengths and shapes (a few minutes)")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--cache", help="directory keeping measured samples between runs")
+    ap.add_argument("--write-coefficients", action="store_true",
+                    help="replace costmodel/memory_coefficients.json with the coefficients fitted here")
+    ap.add_argument("--skip-time", action="store_true")
+    ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args(argv)
+
+    import jax
+
+    from sharding.mesh import build_mesh
+    if args.cache:  # compiled programs too: a rerun skips XLA's compile
+        jax.config.update("jax_compilation_cache_dir", os.path.join(args.cache, "jax_cache"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    t_start = time.time()
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    cache_file = os.path.join(args.cache, "costmodel_samples.json") if args.cache else None
+    cache = {}
+    if cache_file and os.path.exists(cache_file):
+        with open(cache_file) as fh:
+            cache = json.load(fh)
+
+    def save_cache():
+        if cache_file:
+            os.makedirs(args.cache, exist_ok=True)
+            with open(cache_file, "w") as fh:
+                json.dump(cache, fh)
+
+    fit_jobs, held_jobs, t_fit, t_held = plans(args.quick)
+    result = {"quick": args.quick, "devices": f"{len(jax.devices())} x {jax.devices()[0].device_kind}"}
+    meshes = {}
+    if not args.skip_memory:
+        log("memory: fitting on XLA figures")
+        fit = measure_memory(fit_jobs, cache, meshes, log)
+        save_cache()
+        coeffs = M.fit_coefficients([smp for _, smp, _ in fit])
+        log("memory: held-out shapes and lengths")
+        held = measure_memory(held_jobs, cache, meshes, log)
+        save_cache()
+        rows_fit = memory_rows(fit, coeffs)
+        rows_held = memory_rows(held, coeffs)
+        rows_analytical = memory_rows(held, M.ANALYTICAL)
+        print("\nMemory, per device, held out (XLA vs predicted; total = 3-layer step args + output + temp)")
+        print(f"{'shape':11s} {'mesh':18s} {'seq':>6s} {'strategy':8s} {'remat':5s} {'XLA MiB':>9s} {'pred':>9s} "
+              f"{'err':>6s} | {'stored':>9s} {'pred':>9s} | {'peak':>9s} {'pred':>9s}")
+        for r in rows_held:
+            print(f"{r['shape']:11s} {json.dumps(r['mesh']):18s} {r['seq_len']:6d} {r['strategy']:8s} {r['remat']:5s} "
+                  f"{fmt_mib(r['xla_total'])} {fmt_mib(r['pred_total'])} {100 * r['err_total']:5.1f}% | "
+                  f"{fmt_mib(r.get('xla_stored'))} {fmt_mib(r.get('pred_stored'))} | "
+                  f"{fmt_mib(r.get('xla_peak'))} {fmt_mib(r.get('pred_peak'))}")
+        mem = {"fit": {k: summary([r.get(f"err_{k}", float("nan")) for r in rows_fit]) for k in ("total", "stored", "peak")},
+               "held_out": {k: summary([r.get(f"err_{k}", float("nan")) for r in rows_held])
+                            for k in ("total", "stored", "peak")},
+               "held_out_analytical": {k: summary([r.get(f"err_{k}", float("nan")) for r in rows_analytical])
+                                       for k in ("total", "stored", "peak")},
+               "by_strategy": {s: summary([r["err_total"] for r in rows_held if r["strategy"] == s]) for s in STRATEGIES},
+               "rows": rows_held, "coefficients": coeffs.to_json()}
+        result["memory"] = mem
+        print("\nmemory relative error (median / max):")
+        for part in ("held_out", "held_out_analytical", "fit"):
+            for k, v in mem[part].items():
+                if v["n"]:
+                    print(f"  {part:20s} {k:7s} {100 * v['median']:6.2f}% / {100 * v['max']:6.2f}%  (n={v['n']})")
+        for s, v in mem["by_strategy"].items():
+            if v["n"]:
+                print(f"  held_out total {s:8s} {100 * v['median']:6.2f}% / {100 * v['max']:6.2f}%")
+        if args.write_coefficients:
+            path = M.write_default_coefficients(coeffs, meta={
+                "fitted_on": [f"{label} {json.dumps(m)} s={s} {r}" for label, _, m, _, s, r, _ in fit_jobs],
+                "held_out_total_median": mem["held_out"]["total"]["median"],
+                "held_out_total_max": mem["held_out"]["total"]["max"], "created": time.strftime("%Y-%m-%d %H:%M")})
+            log(f"wrote {path}")
+
+    if not args.skip_memory:
+        log("\nend to end: whole train steps compiled by the trainer (held-out shape, AdamW, 4 layers)")
+        rows = end_to_end(cache, log, os.path.join(args.cache or "/tmp", "costmodel_e2e_run"))
+        save_cache()
+        print(f"{'bucket':>6s} {'batch':>5s} {'plan':46s} {'XLA MiB':>9s} {'pred':>9s} {'err':>6s}")
+        for r in rows:
+            print(f"{r['bucket']:6d} {r['batch']:5d} {json.dumps(r['plan']):46s} {fmt_mib(r['xla'])} "
+                  f"{fmt_mib(r['pred'])} {100 * r['err']:5.1f}%")
+        e2e = {"summary": summary([r["err"] for r in rows]), "rows": rows}
+        result["end_to_end"] = e2e
+        print(f"end-to-end plan_bytes error (median / max): {100 * e2e['summary']['median']:.2f}% / "
+              f"{100 * e2e['summary']['max']:.2f}%  (n={e2e['summary']['n']})")
+
+    if not args.skip_time:
+        log("\ntime: timing layer steps on this machine")
+        mesh = meshes.get((("data", 8),)) or build_mesh({"data": 8})
+        measure_time(tuple(t_fit) + tuple(t_held), cache, mesh, log, args.repeats)
+        save_cache()
+        fit_t = measure_time(t_fit, cache, mesh, log, args.repeats)
+        held_t = measure_time(t_held, cache, mesh, log, args.repeats)
+        coeffs_t, step, report = fit_time(fit_t, name="cpu", shared_compute=True, overlap=False)
+        cal = Calibration("cpu", {"data": 8}, coeffs_t, step_overhead_s=step)
+        rows = []
+        for smp in fit_t + held_t:
+            pred = predict_step_time(cal, smp.shape, smp.strategy, smp.remat, smp.n_layers)
+            rows.append({"seq_len": smp.shape.seq_len, "strategy": smp.strategy, "measured_s": smp.seconds,
+                         "median_s": smp.median, "pred_s": pred, "err": abs(pred - smp.seconds) / smp.seconds,
+                         "held_out": smp in held_t})
+        print("\nTime of a 2-layer fwd+bwd step on this machine (measured = min of runs)")
+        print(f"{'seq':>6s} {'strategy':8s} {'measured ms':>12s} {'pred ms':>9s} {'err':>6s}")
+        for r in rows:
+            if r["held_out"]:
+                print(f"{r['seq_len']:6d} {r['strategy']:8s} {1e3 * r['measured_s']:12.1f} {1e3 * r['pred_s']:9.1f} "
+                      f"{100 * r['err']:5.1f}%")
+        tres = {"held_out": summary([r["err"] for r in rows if r["held_out"]]),
+                "fit": summary([r["err"] for r in rows if not r["held_out"]]),
+                "rows": rows, "coefficients": coeffs_t.to_json(), "step_overhead_s": step, "fit_report": report}
+        result["time"] = tres
+        print("\ntime relative error (median / max):")
+        for part in ("held_out", "fit"):
+            v = tres[part]
+            if v["n"]:
+                print(f"  {part:9s} {100 * v['median']:6.2f}% / {100 * v['max']:6.2f}%  (n={v['n']})")
+
+    result["wall_s"] = time.time() - t_start
+    print(f"\ntotal {result['wall_s']:.0f} s")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,658 @@
+"""Per-device memory of one Transformer layer under each strategy: analytical terms + XLA calibration.
+
+For one layer run by a strategy the model gives, per device:
+
+* states: the layer's parameters, gradients and optimizer moments in the unified storage layout
+  (`sharding.layout`: each weight split over all devices along heads / MLP / embed, replicated
+  when no such dim is divisible by the device count; norm scales replicated);
+* stored: what the layer keeps alive until its backward (activations saved for the backward,
+  plus, for `dp`, the run's gathered weight copy);
+* peak: transient bytes on top while that layer runs (gathered weights and their full-size
+  gradients for fsdp/ring/ulysses, gathered activations for tp_sp, travelling blocks and double
+  buffers for metp, attention score tiles, the dense score matrix, MLP hidden gradients).
+
+Each of stored and peak is a sum of named analytical features (bytes), e.g.
+`stored = c_act * act + c_quad * quad + c_wsave * wsave`. Analytically every coefficient is 1.
+`calibrate(...)` fits the coefficients per strategy (all remat policies together) by
+non-negative least squares
+against XLA's exact per-device figures (`costmodel.probe`): a layer stack compiled with n = 2 and
+n = 3 layers under `lax.scan` gives the per-layer stored bytes (the slope in n) and the layer's
+transient (the intercept). The analytical structure (how every feature scales with s, b, h, p)
+is kept, so the fitted model extrapolates to lengths and shapes outside the profiled ones.
+
+Notation: b batch rows, s sequence length, h d_model, n heads, k head_dim, f d_ff, g = 2 for
+gated MLPs, e bytes of the compute dtype, N devices, p the model-parallel group, d the batch
+axes (`sharding.mesh.mesh_roles`).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from sharding.layout import STORAGE_PRIORITY
+from sharding.mesh import BATCH_AXES
+from sharding.ops.blocks import BlockSpec
+from sharding.stack import layer_weight_shapes
+
+STRATEGY_NAMES = ("dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp")
+SEQ_SHARDED = ("tp_sp", "ring", "ulysses", "metp")  # boundary [b, s/p, h]
+BATCH_PARALLEL = ("dp", "fsdp")  # boundary [b/N, s, h]
+STORED_FEATURES = ("act", "saved", "quad", "wsave")
+PEAK_FEATURES = ("wpeak", "actX", "actF", "recomp", "buf", "tile", "quadp")
+F32 = 4
+
+
+# ------------------------------------------------------------------------------------------------
+# Shapes
+# ------------------------------------------------------------------------------------------------
+def mesh_roles_of(mesh_shape: Mapping[str, int]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(batch axes, model axes) of a mesh given as {axis: size} (as `sharding.mesh.mesh_roles`)."""
+    names = tuple(mesh_shape)
+    batch = tuple(a for a in names if a in BATCH_AXES)
+    model = tuple(a for a in names if a not in BATCH_AXES)
+    if not model:
+        return (), batch
+    return batch, model
+
+
+def dtype_bytes(name) -> int:
+    return int(np.dtype(str(name) if not hasattr(name, "itemsize") else name).itemsize) if str(name) != "bfloat16" else 2
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Everything the memory and time models need about one layer on one mesh for one bucket."""
+
+    spec: BlockSpec
+    mesh_shape: Mapping[str, int]
+    batch: int
+    seq_len: int
+    param_bytes: int = 4
+    optimizer_slots: int = 2
+    backend: str = "gpu"  # "cpu": XLA:CPU computes bfloat16 in float32 (see `e_mem`)
+
+    def __hash__(self):
+        return hash((self.spec, tuple(self.mesh_shape.items()), self.batch, self.seq_len,
+                     self.param_bytes, self.optimizer_slots, self.backend))
+
+    @property
+    def n_devices(self) -> int:
+        return math.prod(self.mesh_shape.values())
+
+    @property
+    def p(self) -> int:
+        """Model-parallel group size."""
+        return math.prod(self.mesh_shape[a] for a in mesh_roles_of(self.mesh_shape)[1])
+
+    @property
+    def d(self) -> int:
+        """Batch-axes size seen by the model-parallel strategies."""
+        return math.prod(self.mesh_shape[a] for a in mesh_roles_of(self.mesh_shape)[0])
+
+    @property
+    def e(self) -> int:
+        return 2 if self.spec.compute_dtype == "bfloat16" else int(np.dtype(self.spec.compute_dtype).itemsize)
+
+    @property
+    def e_mem(self) -> int:
+        """Bytes per element of compute-dtype buffers XLA keeps: XLA:CPU has no bfloat16
+        arithmetic and upcasts it, so its residuals and temporaries are float32 (measured: a bf16
+        layer's stored bytes on CPU match the f32 formula); accelerators keep bfloat16."""
+        return 4 if (self.backend == "cpu" and self.e < 4) else self.e
+
+    @property
+    def g(self) -> int:
+        return 2 if self.spec.gated else 1
+
+    def local_batch(self, strategy: str) -> float:
+        return self.batch / (self.n_devices if strategy in BATCH_PARALLEL else self.d)
+
+    def with_seq(self, seq_len: int) -> "Shape":
+        return Shape(self.spec, self.mesh_shape, self.batch, seq_len, self.param_bytes, self.optimizer_slots,
+                     self.backend)
+
+
+class _FakeMesh:
+    """Just enough of a jax Mesh for `Strategy.check` and `StorageLayout.spec` (names and sizes)."""
+
+    def __init__(self, mesh_shape: Mapping[str, int]):
+        self.shape = dict(mesh_shape)
+        self.axis_names = tuple(mesh_shape)
+        self.devices = np.empty(tuple(mesh_shape.values()), dtype=object)
+
+
+def feasible_strategies(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, seq_len: int,
+                        names: Optional[Iterable[str]] = None) -> list[str]:
+    """Registered strategies whose `check` accepts this shape on this mesh (no devices needed)."""
+    from sharding.strategies import STRATEGIES, StrategyShapeError
+    mesh = _FakeMesh(mesh_shape)
+    out = []
+    for name in (names or STRATEGIES):
+        try:
+            STRATEGIES[name].check(spec, mesh, batch, seq_len)
+        except StrategyShapeError:
+            continue
+        out.append(name)
+    return out
+
+
+def _split_count(logical: Sequence[str], shape: Sequence[int], n: int) -> int:
+    """How many ways the storage layout splits this weight (sharding.layout's rule)."""
+    if sum(1 for a in logical if a != "layers") < 2:
+        return 1
+    for name in STORAGE_PRIORITY:
+        if name in logical and shape[list(logical).index(name)] % n == 0:
+            return n
+    return 1
+
+
+def layer_param_elems(spec: BlockSpec, n_devices: int = 1) -> tuple[float, float]:
+    """(elements stored per device, elements of the full layer) of one layer's weights."""
+    local = full = 0.0
+    for _, (shape, axes) in layer_weight_shapes(spec).items():
+        size = math.prod(shape)
+        full += size
+        local += size / _split_count(axes, shape, n_devices)
+    return local, full
+
+
+def embedding_elems(vocab: int, d_model: int, n_devices: int) -> float:
+    """Elements of the [V, D] embedding table stored per device (split over vocab, else embed)."""
+    return vocab * d_model / _split_count(("vocab", "embed"), (vocab, d_model), n_devices)
+
+
+# ------------------------------------------------------------------------------------------------
+# Analytical features
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class LayerMemory:
+    """Per-device bytes of one layer: states (params + grads + optimizer), stored activations and
+    the transient peak, with the named features they were computed from."""
+
+    states: float
+    activations: float
+    peak: float
+    stored_terms: dict = field(default_factory=dict)
+    peak_terms: dict = field(default_factory=dict)
+
+    @property
+    def stored(self) -> float:
+        """Bytes the layer keeps until its backward: stored activations + states."""
+        return self.activations + self.states
+
+
+def _uses_blockwise(spec: BlockSpec, s: int) -> bool:
+    return spec.use_blockwise(s)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What one device holds for one layer of a strategy (elements, not bytes)."""
+
+    bl: float  # batch rows
+    sb: float  # sequence positions of the boundary activation
+    s_in: float  # sequence positions of a sub-layer's input as the sub-layer sees it
+    att_tokens: float  # rows x positions of the attention-width activations (q, k, v, o)
+    heads: float  # heads those activations carry
+    mlp_elems: float  # elements of one MLP hidden activation [tokens, d_ff share]
+    dense: bool  # attention materialises the score matrix
+    score_rows: float  # batch x heads x queries x keys of the dense scores (0 if blockwise)
+    tiles: float  # elements of one (bq x bk) score tile x heads x rows (blockwise kernels)
+
+
+def geometry(shape: Shape, strategy: str) -> Geometry:
+    """Local extents of one layer of `strategy` on one device."""
+    spec, s, p = shape.spec, shape.seq_len, shape.p
+    n, f, blk = spec.n_heads, spec.d_ff, spec.attention_block
+    bl = shape.local_batch(strategy)
+    blockwise = _uses_blockwise(spec, s)
+    if strategy in BATCH_PARALLEL:
+        sb = s_in = s
+        tok, heads, mlp = bl * s, n, bl * s * f
+        dense = not blockwise
+        score = bl * n * s * s if dense else 0.0
+        tiles = bl * n * min(blk, s) ** 2 if blockwise else 0.0
+    elif strategy in ("tp", "tp_sp"):
+        sb, s_in = (s / p if strategy == "tp_sp" else s), s
+        tok, heads, mlp = bl * s, n / p, bl * s * f / p
+        dense = not blockwise
+        score = bl * n / p * s * s if dense else 0.0
+        tiles = bl * n / p * min(blk, s) ** 2 if blockwise else 0.0
+    elif strategy == "ring":
+        c = s / p
+        sb = s_in = c
+        tok, heads, mlp = bl * c, n, bl * c * f
+        dense, score = False, 0.0
+        tile = min(blk, c) if blockwise else c  # untiled ring steps score whole chunk pairs
+        tiles = bl * n * tile * tile
+    elif strategy == "ulysses":
+        c = s / p
+        sb = s_in = c
+        tok, heads, mlp = bl * c, n, bl * c * f
+        dense = not blockwise
+        score = bl * n / p * s * s if dense else 0.0
+        tiles = bl * n / p * min(blk, s) ** 2 if blockwise else 0.0
+    elif strategy == "metp":
+        c = s / p
+        sb = s_in = c
+        tok, heads, mlp = bl * c, n, 0.0
+        dense, score = False, 0.0
+        tiles = bl * n / p * min(blk, c) ** 2
+    else:
+        raise KeyError(f"no memory model for strategy {strategy!r} (known: {', '.join(STRATEGY_NAMES)})")
+    return Geometry(bl, sb, s_in, tok, heads, mlp, dense, score, tiles)
+
+
+def analytical_features(shape: Shape, strategy: str, remat: str = "none") -> tuple[dict, dict]:
+    """(stored features, peak features), bytes per device, of one layer of `strategy` under `remat`.
+
+    Stored activations are what JAX saves for the backward of the scanned layer
+    (`jax._src.ad_checkpoint.saved_residuals` on the layer stack; checked per strategy):
+      * norms: 4 boundary-sized f32 arrays (x and the residual sum, upcast, with their norm
+        statistics) + 2 sub-layer inputs in the compute dtype as the sub-layer sees them (the
+        full sequence for tp / tp_sp: tp_sp's gathered inputs are kept, not re-gathered);
+      * attention: q, k, v and o in the compute dtype (4; ulysses keeps o in both layouts: 5;
+        metp only o per head group: 1) + the f32 log-sum-exp; dense attention (s <= block)
+        keeps the f32 probabilities [b, heads, s, s] and one more o-sized array;
+      * MLP: 6 hidden-sized arrays [tokens, d_ff share] (pre-activations, activation
+        intermediates and output; metp recomputes them: 0);
+      * weights: fsdp / ring / ulysses keep the gathered (compute-dtype) weights of each layer,
+        dp the run's gathered copy (+ a compute-dtype cast), tp / metp a cast of their block
+        when the compute dtype differs from the stored one (or the block gathered over batch axes).
+    Under remat "full" only the layer input (and dp's run-level copy) stays; under "dots" the
+    matmul outputs without batch dimensions stay (q/k/v, MLP pre-activations, projection outputs).
+    Peak features: the layer's residual-sized working set in its backward, by kind ("actX"
+    hidden- and attention-width-sized, "actF" MLP-hidden-sized x g: gradients of its
+    residuals), under remat the rebuilt residuals ("recomp", of which XLA keeps only part live at
+    once), gathered weights and
+    their full-size gradients or METP's travelling weight blocks ("wpeak"), ring / METP blocks
+    in flight ("buf"), blockwise score tiles ("tile"), dense score
+    transients and hoisted masks ("quadp").
+    """
+    spec, s, p, g = shape.spec, shape.seq_len, shape.p, shape.g
+    e = shape.e_mem  # bytes of a compute-dtype element as XLA keeps it
+    h, k = spec.d_model, spec.head_dim
+    N, pb, d = shape.n_devices, shape.param_bytes, shape.d
+    geo = geometry(shape, strategy)
+    _, w_full = layer_param_elems(spec, N)
+    big = w_full - 2 * h  # the four matrices, without the norm scales
+    converted = shape.e != pb  # weights are cast to the compute dtype: a separate buffer
+    cast = e if converted else 0  # bytes of that copy
+    st = dict.fromkeys(STORED_FEATURES, 0.0)
+    pk = dict.fromkeys(PEAK_FEATURES, 0.0)
+    Xb32 = geo.bl * geo.sb * h * F32  # boundary-sized f32 array
+    Xb = geo.bl * geo.sb * h * e
+    Xin = geo.bl * geo.s_in * h * e
+    A = geo.att_tokens * geo.heads * k * e
+    F = geo.mlp_elems * e
+    lse = geo.att_tokens * geo.heads * F32
+    n_att = {"ulysses": 5, "metp": 1}.get(strategy, 4) + (1 if geo.dense else 0)
+    act_none = 4 * Xb32 + 2 * Xin + n_att * A + 6 * F + (0.0 if geo.dense else lse)
+    quad = geo.score_rows * F32
+
+    # weights kept per layer (remat none) and transient weight bytes
+    if strategy == "dp":  # the run's gathered copy and the stacked full-size f32 gradients
+        # (+ a compute-dtype cast; XLA:CPU computes bf16 in f32 and keeps no separate cast)
+        wsave_none = big * (pb + F32 + (cast if shape.backend != "cpu" else 0))
+        wsave_remat = big * (pb + F32)
+        wpeak = big * F32
+    elif strategy in ("fsdp", "ring", "ulysses"):
+        wsave_none, wsave_remat = big * (e if converted else pb), 0.0
+        wpeak = big * (pb + cast) + big * F32
+    elif strategy in ("tp", "tp_sp"):
+        blk = big / p
+        wsave_none = blk * e if (converted or d > 1) else 0.0
+        wsave_remat = 0.0
+        wpeak = blk * (pb + F32) if d > 1 else blk * cast
+    else:  # metp: travelling MLP blocks + grads (double buffered), head-group broadcasts
+        blk = big / p
+        wsave_none = blk * e if (converted or d > 1) else 0.0
+        wsave_remat = 0.0
+        w_mlp = (g * h * spec.d_ff + spec.d_ff * h) / p
+        w_att = (3 * h * spec.n_heads * k + spec.n_heads * k * h) / p
+        wpeak = 2 * w_mlp * e + 2 * w_mlp * F32 + 2 * w_att * e + w_att * F32
+        if d > 1:
+            wpeak += blk * (pb + F32)
+
+    # buffers in flight
+    if strategy == "ring":
+        buf = 2 * 2 * A + 2 * geo.att_tokens * geo.heads * k * F32  # K/V double buffer + dK/dV f32
+    elif strategy == "metp":
+        kv = 2 * geo.att_tokens * geo.heads / p * k
+        buf = 2 * kv * e + kv * F32 + 3 * A / p + 2 * geo.att_tokens * h * F32 + (g + 1) * geo.att_tokens * spec.d_ff / p * e
+    else:  # tp / tp_sp gathered inputs and partial sums are sub-layer-input-sized: in "actX"
+        buf = 0.0
+
+    pk["wpeak"] = wpeak
+    # gradients of the sub-layer inputs / outputs and attention-width arrays, as the sub-layer
+    # sees them (full sequence for tp / tp_sp), and of the MLP hidden (g of them for gated MLPs)
+    # (in the compute dtype even on XLA:CPU, whose bf16 residuals are f32: fits the measured peaks)
+    r = shape.e / e
+    pk["actX"] = 3 * (Xin + A) * r
+    pk["actF"] = 3 * g * F * r
+    pk["buf"] = buf
+    pk["tile"] = geo.tiles * F32
+    pk["quadp"] = quad
+    pk["recomp"] = 0.0
+    if remat == "none":
+        st["act"] = act_none
+        st["quad"] = quad
+        st["wsave"] = wsave_none
+        return st, pk
+    if remat == "full":
+        saved = Xb
+    elif remat == "dots":
+        if strategy == "metp":  # the ring steps' projection outputs are matmuls without batch dims
+            saved = Xb + p * geo.bl * geo.sb * h * e + 3 * A
+        elif strategy in ("tp", "tp_sp"):
+            saved = Xb + Xin + 3 * A + g * F
+        else:
+            saved = 2 * Xb + 3 * A + g * F
+    else:
+        raise ValueError(f"remat must be none, full or dots, got {remat!r}")
+    st["saved"] = saved
+    st["wsave"] = wsave_remat
+    pk["recomp"] = max(act_none - saved, 0.0)  # residuals the recompute rebuilds (partly live at once)
+    pk["quadp"] = 2 * quad  # the probabilities are rebuilt in the backward
+    return st, pk
+
+
+def layer_states(shape: Shape) -> float:
+    """Bytes per device of one layer's parameters, gradients and optimizer moments (storage layout)."""
+    local, _ = layer_param_elems(shape.spec, shape.n_devices)
+    return local * shape.param_bytes * (2 + shape.optimizer_slots)
+
+
+# ------------------------------------------------------------------------------------------------
+# Coefficients and the model
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class MemoryCoefficients:
+    """Multipliers of the analytical features, per (strategy, remat); missing = 1 (analytical)."""
+
+    stored: dict = field(default_factory=dict)  # {strategy: {feature: c}} (one fit over all remats)
+    peak: dict = field(default_factory=dict)
+
+    def get(self, strategy: str, remat: str = "none") -> tuple[dict, dict]:
+        return self.stored.get(strategy, {}), self.peak.get(strategy, {})
+
+    def to_json(self) -> dict:
+        return {"stored": self.stored, "peak": self.peak}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "MemoryCoefficients":
+        return cls(stored=dict(data.get("stored", {})), peak=dict(data.get("peak", {})))
+
+
+ANALYTICAL = MemoryCoefficients()
+
+
+def layer_memory(shape: Shape, strategy: str, remat: str = "none",
+                 coefficients: Optional[MemoryCoefficients] = None) -> LayerMemory:
+    """Per-device bytes of one layer of `strategy` under `remat`, with these feature multipliers
+    (None: the shipped ones, `default_coefficients()`; `ANALYTICAL`: all 1)."""
+    st, pk = analytical_features(shape, strategy, remat)
+    if coefficients is None:
+        coefficients = default_coefficients()
+    cs, cp = coefficients.get(strategy, remat)
+    act = sum(cs.get(name, 1.0) * v for name, v in st.items())
+    peak = sum(cp.get(name, 1.0) * v for name, v in pk.items())
+    return LayerMemory(states=layer_states(shape), activations=act, peak=peak, stored_terms=st, peak_terms=pk)
+
+
+def boundary_bytes(shape: Shape, strategy: str) -> float:
+    """Bytes per device of one [b, s, h] activation in the strategy's boundary layout."""
+    bl = shape.local_batch(strategy)
+    s = shape.seq_len / (shape.p if strategy in SEQ_SHARDED else 1)
+    return bl * s * shape.spec.d_model * shape.e
+
+
+def boundary_kind(strategy: str) -> str:
+    """Which boundary layout a strategy uses: 'batch' [b/N, s, h], 'replicated' [b/d, s, h] or 'seq'."""
+    if strategy in BATCH_PARALLEL:
+        return "batch"
+    if strategy == "tp":
+        return "replicated"
+    return "seq"
+
+
+def switch_bytes(shape: Shape, a: str, b: str) -> float:
+    """Transient bytes of moving activations (and their gradient in the backward) from a's boundary
+    layout to b's: the destination buffer plus, for an all-to-all, the source copy."""
+    if boundary_kind(a) == boundary_kind(b):
+        return 0.0
+    return boundary_bytes(shape, a) + boundary_bytes(shape, b)
+
+
+def base_memory(shape: Shape, vocab: int, n_layers: int) -> float:
+    """Bytes per device outside the layers that every plan pays: the embedding / head and final
+    norm parameters with their gradients and optimizer moments (storage layout), the optimizer
+    update's temporary of the whole state, and the batch arrays (inputs, targets, segment ids,
+    positions, loss mask; worst case over the token layouts)."""
+    spec, N = shape.spec, shape.n_devices
+    h, pb = spec.d_model, shape.param_bytes
+    emb = embedding_elems(vocab, h, N) + h
+    local_layer, _ = layer_param_elems(spec, N)
+    states = emb * pb * (2 + shape.optimizer_slots)
+    update = (emb + n_layers * local_layer) * pb  # the optimizer's `updates` tree before it is applied
+    batch_arrays = 5 * shape.batch * shape.seq_len * 4 / max(1, min(shape.n_devices, shape.d * shape.p))
+    return states + update + batch_arrays
+
+
+def loss_memory(shape: Shape, strategy: str, vocab: int) -> float:
+    """Transient bytes per device of the embedding lookup and the loss when `strategy` computes
+    them (while every layer's stored activations are alive): float32 logits and their gradient
+    for the tokens a device holds (vocabulary-parallel for tp / tp_sp when the vocabulary
+    divides, the sequence then gathered for tp_sp), the gathered head table and its full-size
+    gradient otherwise, and the final norm's input / output / gradient."""
+    h, e, pb = shape.spec.d_model, shape.e_mem, shape.param_bytes
+    bl = shape.local_batch(strategy)
+    if strategy in ("tp", "tp_sp") and vocab % shape.p == 0:
+        logits = bl * shape.seq_len * vocab / shape.p * F32 * 2
+        head = 0.0
+    else:
+        s_loc = shape.seq_len / (shape.p if strategy in SEQ_SHARDED else 1)
+        logits = bl * s_loc * vocab * F32 * 2
+        head = vocab * h * (pb + (e if e != pb else 0) + F32)
+    acts = 3 * bl * (shape.seq_len / (shape.p if strategy in SEQ_SHARDED else 1)) * h * e
+    return logits + head + acts
+
+
+def plan_layer_bytes(shape: Shape, strategy: str, remat: str, n_layers: int,
+                     coefficients: Optional[MemoryCoefficients] = None) -> float:
+    """Per-device bytes of an n-layer `layer_step` as `costmodel.probe` compiles it (no optimizer
+    state): n x (params + grads + stored activations) + peak + the input/output activations."""
+    m = layer_memory(shape, strategy, remat, coefficients)
+    local, _ = layer_param_elems(shape.spec, shape.n_devices)
+    w = local * shape.param_bytes * 2
+    return n_layers * (w + m.activations) + m.peak + 2 * boundary_bytes(shape, strategy)
+
+
+# ------------------------------------------------------------------------------------------------
+# Ground truth from XLA, and calibration
+# ------------------------------------------------------------------------------------------------
+def measure_layer(strategy: str, spec: BlockSpec, mesh, batch: int, seq_len: int, remat: str = "none",
+                  layers: tuple[int, int] = (2, 3), param_dtype=None) -> dict:
+    """XLA's per-device figures for a layer: compiles `layers` = (n1, n2) stacks under `lax.scan`
+    (n1 >= 2: a length-1 scan is unrolled by XLA and is not representative) and returns
+    {"stored": temp slope per layer, "peak": temp intercept (the layer's transient),
+     "params": argument+output slope per layer (weights + grads), "total": {n: bytes}, "flops": ...}."""
+    import jax.numpy as jnp
+
+    from costmodel.probe import figures, layer_step
+    n1, n2 = layers
+    figs = {}
+    for n in (n1, n2):
+        c = layer_step(strategy, spec, mesh, batch, seq_len, n_layers=n, remat=None if remat == "none" else remat,
+                       param_dtype=param_dtype or jnp.float32)
+        figs[n] = figures(c)
+    t1, t2 = figs[n1]["temp"], figs[n2]["temp"]
+    slope = (t2 - t1) / (n2 - n1)
+    io1 = figs[n1]["argument"] + figs[n1]["output"]
+    io2 = figs[n2]["argument"] + figs[n2]["output"]
+    io_slope = (io2 - io1) / (n2 - n1)
+    return {"stored": slope, "peak": t1 - n1 * slope, "params": io_slope, "io0": io1 - n1 * io_slope,
+            "total": {n: figs[n]["total"] for n in figs}, "flops": {n: figs[n]["flops"] for n in figs},
+            "collectives": {n: figs[n]["collectives"] for n in figs}}
+
+
+@dataclass
+class Sample:
+    """One calibration point: a shape, a strategy/remat and XLA's measured stored/peak bytes."""
+
+    shape: Shape
+    strategy: str
+    remat: str
+    stored: float
+    peak: float
+    total: dict = field(default_factory=dict)  # {n_layers: XLA total bytes}
+
+    def to_json(self) -> dict:
+        sh = self.shape
+        return {"spec": asdict(sh.spec), "mesh": dict(sh.mesh_shape), "batch": sh.batch, "seq_len": sh.seq_len,
+                "param_bytes": sh.param_bytes, "backend": sh.backend, "strategy": self.strategy, "remat": self.remat,
+                "stored": self.stored, "peak": self.peak, "total": {str(k): v for k, v in self.total.items()}}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "Sample":
+        shape = Shape(BlockSpec(**d["spec"]), dict(d["mesh"]), d["batch"], d["seq_len"], d.get("param_bytes", 4),
+                      backend=d.get("backend", "cpu"))
+        return cls(shape, d["strategy"], d["remat"], d["stored"], d["peak"],
+                   {int(k): v for k, v in d.get("total", {}).items()})
+
+
+def measure_samples(strategies: Sequence[str], spec: BlockSpec, mesh, batch: int, lengths: Sequence[int],
+                    remats: Sequence[str] = ("none",), progress=None) -> list[Sample]:
+    """XLA samples for every strategy x length x remat (skipping what a strategy cannot serve)."""
+    mesh_shape = dict(mesh.shape)
+    backend = mesh.devices.flat[0].platform
+    out = []
+    for s in lengths:
+        ok = set(feasible_strategies(spec, mesh_shape, batch, s, strategies))
+        for strat in strategies:
+            if strat not in ok:
+                continue
+            for r in remats:
+                m = measure_layer(strat, spec, mesh, batch, s, r)
+                sample = Sample(Shape(spec, mesh_shape, batch, s, backend=backend), strat, r, m["stored"], m["peak"],
+                                m["total"])
+                out.append(sample)
+                if progress:
+                    progress(sample)
+    return out
+
+
+def _nnls(A: np.ndarray, y: np.ndarray, prior: float = 1e-3, start: Optional[np.ndarray] = None) -> np.ndarray:
+    """Non-negative least squares in relative error, lightly pulled toward `start` (default 1,
+    the analytical coefficient) so that features the samples cannot tell apart keep their prior."""
+    from scipy.optimize import nnls
+    scale = np.maximum(np.abs(y), 1.0)
+    Aw, yw = A / scale[:, None], y / scale
+    k = A.shape[1]
+    start = np.ones(k) if start is None else np.asarray(start, dtype=float)
+    col = np.sqrt(np.maximum((Aw ** 2).sum(axis=0), 1e-30))
+    reg = np.diag(prior * col)
+    coef, _ = nnls(np.vstack([Aw, reg]), np.concatenate([yw, reg @ start]))
+    return coef
+
+
+def fit_coefficients(samples: Sequence[Sample], prior: float = 0.02,
+                     start: Optional[MemoryCoefficients] = None) -> MemoryCoefficients:
+    """Per-strategy multipliers of the stored and peak features fitted to XLA samples (all remat
+    policies of a strategy together: the remat-specific features carry the difference).
+
+    The fit is pulled (weight `prior`) toward `start`'s multipliers (default: the analytical 1s);
+    calibrating a new model shape on few lengths, pass `default_coefficients()` so that what the
+    samples cannot determine keeps the shipped value."""
+    coeffs = MemoryCoefficients()
+    start = start or ANALYTICAL
+    groups: dict[str, list[Sample]] = {}
+    for smp in samples:
+        groups.setdefault(smp.strategy, []).append(smp)
+    for key, group in groups.items():
+        feats = [analytical_features(smp.shape, smp.strategy, smp.remat) for smp in group]
+        for which, names, target in (("stored", STORED_FEATURES, [smp.stored for smp in group]),
+                                     ("peak", PEAK_FEATURES, [smp.peak for smp in group])):
+            A = np.array([[f[0 if which == "stored" else 1][nm] for nm in names] for f in feats], dtype=float)
+            used = [i for i in range(len(names)) if np.any(A[:, i] > 0)]
+            base = start.get(key)[0 if which == "stored" else 1]
+            coef = {nm: float(base.get(nm, 1.0)) for nm in names}
+            if used:
+                c = _nnls(A[:, used], np.array(target, dtype=float), prior, [coef[names[i]] for i in used])
+                for i, ci in zip(used, c):
+                    coef[names[i]] = float(ci)
+            getattr(coeffs, which)[key] = coef
+    return coeffs
+
+
+def calibrate(mesh, spec: BlockSpec, batch: int, lengths: Sequence[int], strategies: Optional[Sequence[str]] = None,
+              remats: Sequence[str] = ("none",), cache: Optional[str] = None, progress=None,
+              start: Optional[MemoryCoefficients] = None, prior: float = 0.05):
+    """Measure XLA samples (or read them from the JSON file `cache`) and fit the coefficients,
+    starting from (and regularised toward) `start` (default: the shipped coefficients).
+
+    Returns (MemoryCoefficients, samples). Re-run it whenever the kernels change (delete the cache)."""
+    import os
+    strategies = list(strategies or STRATEGY_NAMES)
+    samples = None
+    if cache and os.path.exists(cache):
+        with open(cache) as fh:
+            samples = [Sample.from_json(d) for d in json.load(fh)]
+    if samples is None:
+        samples = measure_samples(strategies, spec, mesh, batch, lengths, remats, progress)
+        if cache:
+            os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)
+            with open(cache, "w") as fh:
+                json.dump([smp.to_json() for smp in samples], fh)
+    return fit_coefficients(samples, prior=prior, start=start or default_coefficients()), samples
+
+
+def relative_errors(samples: Sequence[Sample], coefficients: Optional[MemoryCoefficients],
+                    n_layers: int = 3) -> list[dict]:
+    """Predicted vs XLA per sample: stored, peak and the n-layer total (args + output + temp)."""
+    rows = []
+    for smp in samples:
+        m = layer_memory(smp.shape, smp.strategy, smp.remat, coefficients)
+        row = {"strategy": smp.strategy, "remat": smp.remat, "seq_len": smp.shape.seq_len,
+               "stored": smp.stored, "stored_pred": m.activations, "peak": smp.peak, "peak_pred": m.peak}
+        if n_layers in smp.total:
+            pred = plan_layer_bytes(smp.shape, smp.strategy, smp.remat, n_layers, coefficients)
+            row.update(total=smp.total[n_layers], total_pred=pred,
+                       total_err=abs(pred - smp.total[n_layers]) / smp.total[n_layers])
+        rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# Shipped coefficients (fitted on XLA:CPU by benchmarks/costmodel_accuracy.py --write-coefficients)
+# ------------------------------------------------------------------------------------------------
+DEFAULT_COEFFICIENTS_PATH = __import__("os").path.join(__import__("os").path.dirname(__file__),
+                                                       "memory_coefficients.json")
+_DEFAULT: list = []
+
+
+def default_coefficients() -> MemoryCoefficients:
+    """The memory corrections shipped with dysejax (analytical = all 1 if the file is missing)."""
+    import os
+    if not _DEFAULT:
+        coeffs = MemoryCoefficients()
+        if os.path.exists(DEFAULT_COEFFICIENTS_PATH):
+            with open(DEFAULT_COEFFICIENTS_PATH) as fh:
+                coeffs = MemoryCoefficients.from_json(json.load(fh))
+        _DEFAULT.append(coeffs)
+    return _DEFAULT[0]
+
+
+def write_default_coefficients(coefficients: MemoryCoefficients, meta: Optional[dict] = None) -> str:
+    """Replace the shipped coefficients file (and the cached copy)."""
+    data = coefficients.to_json()
+    if meta:
+        data["meta"] = meta
+    with open(DEFAULT_COEFFICIENTS_PATH, "w") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+    _DEFAULT.clear()
+    return DEFAULT_COEFFICIENTS_PATH

@@ -1,0 +1,639 @@
+"""The exact per-layer optimum of one cost table: minimise plan time under a byte budget.
+
+    minimise   base_t + sum_l t[c_l] + sum_{l>=1} swt[c_{l-1}, c_l]
+    subject to base_b + sum_l w[c_l] + max_l tr_l <= budget,
+               tr_0 = pk[c_0],  tr_l = pk[c_l] + swb[c_{l-1}, c_l]
+
+Two solvers that must agree:
+
+`exact_plan` — dynamic programming over layers and discretised memory.
+  * The max-over-layers transient term is handled exactly by enumerating its value: the cap C
+    ranges over the distinct transients (pk[j] and pk[j] + swb[i, j]). Under a cap C only the
+    choices with pk <= C may run and only the transitions with pk[j] + swb[i, j] <= C are
+    allowed; the stored bytes must then fit in budget - base - C. The optimum is the best over
+    caps (the optimal plan's own transient is one of them, and the cap problem only changes
+    at them).
+  * Caps are visited from the largest down (branch and bound). The DP of the last cap solved
+    allows a superset of every smaller cap's transitions, so it bounds each smaller cap from
+    below and offers its best plan (optimal for that cap when it fits it). A cap is pruned
+    when that bound, or its Lagrangian bound (max over lam of the fastest plan under
+    time + lam x stored bytes, a shortest path over identical layers computed by min-plus
+    matrix powers), is not below the incumbent; a new DP runs only for the caps left. The
+    incumbent starts as the ParaDySe plan (below), so the result is never worse than it.
+  * Memory: every layer stores at least min(w); the DP counts the excess w - min(w) in grid
+    units. Exact grid: when all excesses are integer multiples of one unit g (bytes from shape
+    formulas usually are) and the budget spans at most `exact_bins` of them, the DP is exact.
+    Otherwise the unit is near the budget span / `bins`, excesses are rounded DOWN: the DP is a
+    relaxation, so its optimum (over caps) is a proven lower bound. Incumbents from each DP:
+    its best state with at most (budget - L x the largest rounding remainder) units (fits
+    for sure), then its fastest states up to the budget (`scan` of them) checked in true
+    bytes. The unit is chosen near span / bins so that every excess lies just above a whole
+    number of units (small remainders: tight bound). The plan is proven optimal when it
+    meets the bound; while the gap exceeds `rel_tol` the grid is
+    refined (x4 up to `max_bins`), then `fallback="milp"` can settle the rest. The returned
+    plan always truly fits; `optimal` says whether it was proven, `info["gap"]` bounds how far
+    from the optimum it can be.
+  * Exact pruning first: a choice (or a whole boundary-layout class) is dropped when
+    replacing it everywhere by another kept choice never increases time, stored bytes, any
+    transient or any switch (see `prune_exact`); this keeps the optimum and usually leaves
+    a handful of choices (e.g. 21 -> 3 on a structured 96-layer table).
+  * Cost per DP: L * R * K * G element operations (R = distinct rows of the switch matrix,
+    the number of boundary layouts in real tables; G grid units), numpy, one pass per layer.
+  * Ties: the plan is reconstructed preferring to stay on the same choice, so equal-cost
+    plans come out with few runs (one scan per run in dysejax).
+
+`milp_plan` — `scipy.optimize.milp` (HiGHS), the flow formulation: binary x[l, i] (layer l
+  runs choice i, sum_i x = 1), continuous y[l, i, j] >= 0 with sum_j y[l, i, j] = x[l, i] and
+  sum_i y[l, i, j] = x[l+1, j] (y is then the indicator of the transition, integral without
+  being declared so), a continuous z >= every layer's transient, and
+  base_b + sum w x + z <= budget. Switch time enters the objective through y. With
+  `compress=True` the rows i of y are merged per class of identical switch rows (exact: the
+  costs of y depend on i only through its row).
+
+All figures are model predictions of the cost table.
+"""
+from __future__ import annotations
+
+import math
+import time as _time
+from dataclasses import dataclass
+from functools import reduce
+from typing import Optional
+
+import numpy as np
+
+from costmodel.search._common import SearchResult, TableArrays, arrays, evaluate, leanest_uniform, make_result
+
+__all__ = ["exact_plan", "milp_plan", "prune_exact", "min_bytes_plan"]
+
+_INF = np.inf
+
+
+# ------------------------------------------------------------------------------------------
+# exact dominance pruning
+# ------------------------------------------------------------------------------------------
+def _dominance(t, w, pk, swt, tr) -> np.ndarray:
+    """D[b, a]: replacing choice a by b everywhere never increases time, stored or transient."""
+    K = len(t)
+    ar = np.arange(K)
+    base = (t[:, None] <= t[None, :]) & (w[:, None] <= w[None, :]) & (pk[:, None] <= pk[None, :])
+    excl = (ar[:, None, None] == ar[None, :, None]) | (ar[:, None, None] == ar[None, None, :])  # [k, b, a]
+    ok = base
+    for m in (swt, tr):
+        into = (m[:, :, None] <= m[:, None, :]) | excl  # m[k, b] <= m[k, a]
+        out = (m.T[:, :, None] <= m.T[:, None, :]) | excl  # m[b, k] <= m[a, k]
+        diag = np.diag(m)
+        selfc = (diag[:, None] <= diag[None, :]) & (diag[:, None] <= m.T) & (diag[:, None] <= m)  # [b, a]
+        ok = ok & into.all(0) & out.all(0) & selfc
+    np.fill_diagonal(ok, False)
+    return ok
+
+
+def _mapping_ok(a: TableArrays, phi: np.ndarray, tr: np.ndarray) -> bool:
+    """Replacing every choice i by phi[i] at once never increases any term of any plan."""
+    if not (np.all(a.t[phi] <= a.t) and np.all(a.w[phi] <= a.w) and np.all(a.pk[phi] <= a.pk)):
+        return False
+    P = np.ix_(phi, phi)
+    return bool(np.all(a.swt[P] <= a.swt) and np.all(tr[P] <= tr))
+
+
+def _sub(a: TableArrays, keep: np.ndarray) -> TableArrays:
+    return TableArrays(t=a.t[keep], w=a.w[keep], pk=a.pk[keep], swt=a.swt[np.ix_(keep, keep)],
+                       swb=a.swb[np.ix_(keep, keep)], L=a.L, base_b=a.base_b, base_t=a.base_t)
+
+
+def prune_exact(a: TableArrays) -> np.ndarray:
+    """Indices of the choices kept after dropping choices that others dominate (exactly).
+
+    A set of choices may be dropped when a map phi sends each of them to a kept choice and
+    replacing every choice i by phi(i) at once never makes a plan slower or larger: phi(i) is
+    no slower, stores no more and peaks no higher than i, and for every pair (i, j)
+    swt[phi i, phi j] <= swt[i, j] and transient[phi i, phi j] <= transient[i, j] (this covers
+    the first layer, every switch and every layer's transient). Two kinds of maps are tried
+    until nothing changes: one choice to another (best first by time, stored, peak), and a
+    whole boundary-layout class (choices with identical switch rows and columns) to the
+    choices of other classes that dominate them one by one (e.g. every `dp` remat variant to
+    the matching `metp` one when `metp` is as fast, as lean and has the smaller transient).
+    """
+    keep = np.arange(a.K)
+    while keep.size > 1:
+        b = _sub(a, keep)
+        tr = b.transient
+        K = b.K
+        removed = None
+        # (1) single choices: one pass best first; a choice goes when a kept one dominates it
+        # (dropping several at once is safe: e.g. k -> a with both dropped becomes b_k -> b_a and
+        # swt[b_k, b_a] <= swt[k, b_a] <= swt[k, a] by the two single relations)
+        D = _dominance(b.t, b.w, b.pk, b.swt, tr)
+        kept = []
+        for i in np.lexsort((b.pk, b.w, b.t)):
+            if not any(D[j, i] for j in kept):
+                kept.append(int(i))
+        if len(kept) < K:
+            removed = sorted(set(range(K)) - set(kept))
+        # (2) whole layout classes
+        if removed is None:
+            sig = [b.swt[i].tobytes() + b.swt[:, i].tobytes() + b.swb[i].tobytes() + b.swb[:, i].tobytes()
+                   for i in range(K)]
+            classes = {}
+            for i, sgn in enumerate(sig):
+                classes.setdefault(sgn, []).append(i)
+            groups = list(classes.values())
+            if len(groups) > 1:
+                node = ((b.t[:, None] <= b.t[None, :]) & (b.w[:, None] <= b.w[None, :])
+                        & (b.pk[:, None] <= b.pk[None, :]))
+                for g in groups:
+                    others = np.array([i for i in range(K) if i not in g])
+                    phi = np.arange(K)
+                    ok = True
+                    for i in g:
+                        dom = others[node[others, i]]
+                        if dom.size == 0:
+                            ok = False
+                            break
+                        phi[i] = dom[np.lexsort((b.pk[dom], b.w[dom], b.t[dom]))[0]]
+                    if ok and _mapping_ok(b, phi, tr):
+                        removed = list(g)
+                        break
+        if not removed:
+            break
+        keep = np.delete(keep, removed)
+    return keep
+
+
+# ------------------------------------------------------------------------------------------
+# DP over layers and memory units
+# ------------------------------------------------------------------------------------------
+@dataclass
+class _DP:
+    """One DP run: min time per (layer, last choice, memory units used)."""
+
+    t: np.ndarray
+    eq: np.ndarray
+    S: np.ndarray  # [K, K] switch time, inf = not allowed
+    H: np.ndarray  # [L, K, G+1] min time per layer, last choice, units
+    colmin: np.ndarray  # [G+1] best over last choice, per memory units
+    pm: np.ndarray  # prefix min of colmin
+    tr: np.ndarray  # [K, K] transients (for the plan's transient)
+    pk: np.ndarray
+
+    def best(self, b: int) -> float:
+        if b < 0:
+            return _INF
+        return float(self.pm[min(b, len(self.pm) - 1)])
+
+    def state_plans(self, js, ms) -> np.ndarray:
+        """[n, L] plans of final states (js[i], ms[i]), reconstructed together (ties: stay)."""
+        L = self.H.shape[0]
+        j = np.asarray(js, dtype=np.int64).copy()
+        m = np.asarray(ms, dtype=np.int64).copy()
+        out = np.empty((j.size, L), dtype=np.int64)
+        out[:, L - 1] = j
+        cols = np.arange(j.size)
+        for l in range(L - 1, 0, -1):
+            m -= self.eq[j]
+            vals = self.H[l - 1][:, m] + self.S[:, j]  # [K, n]
+            i = vals.argmin(0)
+            stay = vals[j, cols] <= vals[i, cols] + 1e-12 * np.abs(vals[i, cols])
+            j = np.where(stay, j, i)
+            out[:, l - 1] = j
+        return out
+
+    def state_plan(self, j: int, m: int) -> list:
+        return [int(x) for x in self.state_plans([j], [m])[0]]
+
+    def plan(self, b: int) -> list:
+        b = min(b, len(self.pm) - 1)
+        m = int(np.argmin(self.colmin[:b + 1]))
+        return self.state_plan(int(np.argmin(self.H[-1, :, m])), m)
+
+    def candidates(self, b: int, limit: int = 4):
+        """Final states with at most b units, fastest first: (time, last choice, units)."""
+        last = self.H[-1][:, :min(b, self.H.shape[2] - 1) + 1]
+        flat = last.ravel()
+        k = min(limit, flat.size)
+        part = np.argpartition(flat, k - 1)[:k] if flat.size > k else np.arange(flat.size)
+        part = part[np.argsort(flat[part], kind="stable")]
+        return [(float(flat[f]), int(f // last.shape[1]), int(f % last.shape[1])) for f in part if np.isfinite(flat[f])]
+
+    def transient(self, plan) -> float:
+        idx = np.asarray(plan)
+        tr = self.pk[idx[:1]].max()
+        if idx.size > 1:
+            tr = max(tr, self.tr[idx[:-1], idx[1:]].max())
+        return float(tr)
+
+
+def _run_dp(t, eq, S, L, G, tr, pk) -> _DP:
+    """min time over plans of L layers, per (last choice, stored units); transitions S (inf = no)."""
+    K = len(t)
+    # group source rows with identical switch rows: the min over i runs per group first
+    _, first, inv = np.unique(S, axis=0, return_index=True, return_inverse=True)
+    inv = np.asarray(inv).ravel()
+    R = len(first)
+    H = np.empty((L, K, G + 1))
+    cur = H[0]
+    cur.fill(_INF)
+    ok = eq <= G
+    cur[np.flatnonzero(ok), eq[ok]] = t[ok]
+    # shifted gather: new[j, m] = Mp[j, m - eq[j] + 1] (Mp[:, 0] = inf)
+    cols = np.arange(G + 1)[None, :] - eq[:, None] + 1
+    cols[cols < 1] = 0
+    flat = (np.arange(K)[:, None] * (G + 2) + cols).ravel()
+    Mp = np.empty((K, G + 2))
+    Mp[:, 0] = _INF
+    Mv = Mp[:, 1:]
+    tcol = t[:, None]
+    grouped = R < K
+    if grouped:
+        groups = [np.flatnonzero(inv == r) for r in range(R)]
+        slices = [(int(g[0]), int(g[-1]) + 1) if np.all(np.diff(g) == 1) else g for g in groups]
+        Sc = S[first][:, :, None]
+        src = np.empty((R, G + 1))
+    else:
+        Sc = S[:, :, None]
+    tmp = np.empty((R, K, G + 1))
+    for l in range(1, L):
+        if grouped:
+            for r, sl in enumerate(slices):
+                if isinstance(sl, tuple):
+                    if sl[1] - sl[0] == 1:
+                        src[r] = cur[sl[0]]
+                    else:
+                        np.min(cur[sl[0]:sl[1]], axis=0, out=src[r])
+                else:
+                    np.min(cur[sl], axis=0, out=src[r])
+        else:
+            src = cur
+        np.add(src[:, None, :], Sc, out=tmp)
+        np.min(tmp, axis=0, out=Mv)
+        Mv += tcol
+        cur = H[l]
+        np.take(Mp, flat, out=cur.reshape(-1))
+    colmin = cur.min(axis=0)
+    return _DP(t=t, eq=eq, S=S, H=H, colmin=colmin, pm=np.minimum.accumulate(colmin), tr=tr, pk=pk)
+
+
+def _grid(e: np.ndarray, span: float, bins: int, max_exact_bins: int, L: int = 1):
+    """(unit bytes, exact) for stored-byte excesses e over a budget span of `span` bytes.
+
+    Exact: an integer unit dividing every excess within `max_exact_bins` units. Otherwise a
+    unit near span / bins (between 1/4 and 4x the units) chosen so that every excess is
+    close above a whole number of units: the rounded-down DP then loses at most
+    L x max remainder bytes, which bounds how loose its lower bound can be.
+    """
+    pos = e[e > 0]
+    if pos.size == 0:
+        return max(span, 1.0) / max(bins, 1), True
+    if np.all(e == np.rint(e)) and np.all(e < 2**53):
+        g = reduce(math.gcd, (int(v) for v in pos))
+        if span / g <= max_exact_bins:
+            return float(g), True
+    u0 = max(span, float(pos.min()) * 1e-9) / bins
+    cands = [u0]
+    for v in np.unique(pos):
+        lo, hi = max(1, int(np.ceil(v / (4 * u0)))), int(np.floor(v * 4 / u0))
+        ns = np.arange(lo, max(lo, hi) + 1)
+        if ns.size > 400:
+            ns = np.unique(np.geomspace(lo, max(lo, hi), 400).astype(int))
+        cands.extend(v / ns)
+    u = np.asarray(cands)
+    inside = (span / u <= 4 * bins) & (span / u >= bins / 4)
+    u = u[inside] if inside.any() else u[:1]
+    q = pos[None, :] / u[:, None]
+    rem = (q - np.floor(q + 1e-9)).clip(min=0).max(axis=1) * u  # worst remainder in bytes
+    loose = L * rem  # the rounded-down DP's worst under-count
+    cost = span / u  # grid size
+    best = int(np.lexsort((cost, np.round(loose / max(u0, 1e-30), 3)))[0])
+    return float(u[best]), False
+
+
+def _solve_caps(a: TableArrays, S_avail: float, unit: float, exact: bool, stats: dict,
+                incumbent: Optional[tuple] = None, scan: int = 16):
+    """Best plan over transient caps on a grid of `unit` bytes.
+
+    Excesses are rounded down (exact=False: a relaxation) or exact. Returns (lower bound, best
+    truly fitting plan found or None, its time); times exclude base_t. With exact=True the
+    bound is the optimum and the plan attains it.
+    """
+    L = a.L
+    wmin = float(a.w.min())
+    e = a.w - wmin
+    eq = (np.rint(e / unit) if exact else np.floor(e / unit + 1e-9)).astype(np.int64)
+    rmax = np.maximum(e - eq * unit, 0.0)  # bytes each layer of a choice may be under-counted
+    tr = a.transient
+    caps = np.unique(np.concatenate([a.pk, tr.ravel()]))
+    Eb = S_avail - caps - L * wmin  # stored excess allowed under each cap
+    bcap = np.floor(Eb / unit + (0.0 if exact else 1e-9))
+    sel = (Eb >= 0) & (bcap >= 0)
+    caps, Eb, bcap = caps[sel], Eb[sel], bcap[sel].astype(np.int64)
+    if caps.size == 0:
+        return _INF, None, _INF
+    G = max(int(min(bcap.max(), L * max(int(eq.max()), 0))), 0)
+    inc_v, inc_plan = (incumbent if incumbent is not None else (_INF, None))
+    lower = _INF
+    relax = None  # (DP, index map) of the last cap solved: a relaxation of every smaller cap
+
+    def fits(plan, C):
+        idx = np.asarray(plan)
+        return a.w[idx].sum() - L * wmin <= Eb_c + 1e-6 and _transient(a, idx) <= C
+
+    for ci in range(caps.size - 1, -1, -1):
+        C, b, Eb_c = float(caps[ci]), int(bcap[ci]), float(Eb[ci])
+        cap_lb = -_INF  # a lower bound on this cap's optimum
+        if relax is not None:
+            dp, idx = relax
+            cap_lb = dp.best(b)
+            if not cap_lb < inc_v * (1 - 1e-12):
+                stats["pruned"] += 1
+                lower = min(lower, cap_lb)
+                continue
+            plan = [int(idx[i]) for i in dp.plan(b)]
+            if fits(plan, C):  # the relaxation's optimum fits this cap: optimal for it
+                stats["quick"] += 1
+                inc_v, inc_plan = cap_lb, plan
+                lower = min(lower, cap_lb)
+                continue
+        allowed = np.flatnonzero(a.pk <= C)
+        if allowed.size == 0:
+            continue
+        sub_tr = tr[np.ix_(allowed, allowed)]
+        S = np.where(sub_tr <= C, a.swt[np.ix_(allowed, allowed)], _INF)
+        if np.isfinite(inc_v):
+            # Lagrangian bound of this cap (at lam = 0: its fastest plan, memory ignored)
+            lb = _lagrange_bound(a.t[allowed], e[allowed], S, L, Eb_c)
+            if not lb < inc_v * (1 - 1e-12):
+                stats["pruned"] += 1
+                lower = min(lower, max(cap_lb, lb))
+                continue
+        dp = _run_dp(a.t[allowed], eq[allowed], S, L, G, sub_tr, a.pk[allowed])
+        stats["dps"] += 1
+        relax = (dp, allowed)
+        lower = min(lower, dp.best(b))
+        # states with at most m_safe units fit for sure: true excess <= m u + L x max remainder
+        m_safe = int(np.floor((Eb_c - L * rmax[allowed].max()) / unit)) if not exact else b
+        if 0 <= m_safe and dp.best(m_safe) < inc_v * (1 - 1e-12):
+            plan = [int(allowed[i]) for i in dp.plan(m_safe)]
+            if fits(plan, C):
+                inc_v, inc_plan = _plan_time(a, plan), plan
+        cand = [c for c in dp.candidates(b, scan) if c[0] < inc_v * (1 - 1e-12)]
+        if cand:
+            plans = allowed[dp.state_plans([c[1] for c in cand], [c[2] for c in cand])]  # [n, L]
+            st = a.w[plans].sum(1) - L * wmin
+            trs = np.maximum(a.pk[plans].max(1), tr[plans[:, :-1], plans[:, 1:]].max(1) if L > 1 else 0.0)
+            ok = np.flatnonzero((st <= Eb_c + 1e-6) & (trs <= C))
+            if ok.size:
+                plan = [int(x) for x in plans[ok[0]]]
+                inc_v, inc_plan = _plan_time(a, plan), plan
+    return min(lower, inc_v), inc_plan, inc_v
+
+
+def _minplus(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    return (A[:, :, None] + B[None, :, :]).min(axis=1)
+
+
+def _path_bound(t: np.ndarray, S: np.ndarray, L: int) -> float:
+    """Fastest plan of L layers over these choices/transitions, memory ignored (min-plus power)."""
+    A = S + t[None, :]  # switch into j, then run j
+    v = t[None, :]
+    n, P = L - 1, A
+    while n:
+        if n & 1:
+            v = _minplus(v, P)
+        n >>= 1
+        if n:
+            P = _minplus(P, P)
+    return float(v.min())
+
+
+def _lagrange_bound(t: np.ndarray, e: np.ndarray, S: np.ndarray, L: int, E: float, iters: int = 14) -> float:
+    """max over lam >= 0 of min_plan [time + lam (stored excess - E)] (a valid lower bound).
+
+    The inner minimum is a shortest path over identical layers (min-plus power, no memory
+    dimension); the dual is concave in lam, maximised by golden-section search.
+    """
+    de = e[None, :] - e[:, None]
+    dt = t[:, None] - t[None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rates = np.where(de > 0, dt / de, 0.0)
+    hi = float(max(rates.max(), 0.0)) * 1.01 + 1e-30
+
+    def val(lam):
+        return _path_bound(t + lam * e, S, L) - lam * E
+
+    g = (np.sqrt(5) - 1) / 2
+    lo_, hi_ = 0.0, hi
+    x1, x2 = hi_ - g * (hi_ - lo_), lo_ + g * (hi_ - lo_)
+    f1, f2 = val(x1), val(x2)
+    best = max(val(0.0), f1, f2)
+    for _ in range(iters):
+        if f1 < f2:
+            lo_, x1, f1 = x1, x2, f2
+            x2 = lo_ + g * (hi_ - lo_)
+            f2 = val(x2)
+        else:
+            hi_, x2, f2 = x2, x1, f1
+            x1 = hi_ - g * (hi_ - lo_)
+            f1 = val(x1)
+        best = max(best, f1, f2)
+    return best
+
+
+def _transient(a: TableArrays, idx: np.ndarray) -> float:
+    tr = float(a.pk[idx[0]])
+    if idx.size > 1:
+        tr = max(tr, float((a.pk[idx[1:]] + a.swb[idx[:-1], idx[1:]]).max()))
+    return tr
+
+
+def _plan_time(a: TableArrays, plan) -> float:
+    return evaluate(a, plan)[0] - a.base_t
+
+
+def min_bytes_plan(a: TableArrays) -> list:
+    """A plan with the fewest bytes (exact: over transient caps, min stored path under the cap)."""
+    L, tr = a.L, a.transient
+    best, best_plan = _INF, None
+    for C in np.unique(np.concatenate([a.pk, tr.ravel()])):
+        allowed = a.pk <= C
+        if not allowed.any():
+            continue
+        cost = np.where(allowed, a.w, _INF)
+        A = np.where(tr <= C, 0.0, _INF)
+        cur, back = cost.copy(), []
+        for _ in range(1, L):
+            M = cur[:, None] + A
+            arg = M.argmin(0)
+            back.append(arg)
+            cur = M[arg, np.arange(a.K)] + cost
+        if cur.min() + C < best:
+            j = int(cur.argmin())
+            plan = [j]
+            for arg in reversed(back):
+                j = int(arg[j])
+                plan.append(j)
+            best, best_plan = cur.min() + C, plan[::-1]
+    return best_plan if best_plan is not None else [leanest_uniform(a)] * L
+
+
+def exact_plan(table, budget_bytes: float, *, bins: int = 1024, max_bins: int = 4096, exact_bins: int = 4096,
+               rel_tol: float = 1e-3, scan: int = 16, prune: bool = True, fallback: Optional[str] = None,
+               milp_time_limit: float = 120.0) -> SearchResult:
+    """The fastest per-layer plan within `budget_bytes` (DP over layers and memory; see module doc).
+
+    bins: grid units over the stored-byte span; while the plan is not proven within rel_tol
+    of the optimum the grid is refined x4 up to max_bins. exact_bins: an exact integer grid
+    (all stored-byte differences multiples of one unit) is used whenever it needs at most this
+    many units. scan: final states checked per DP for a truly fitting plan. fallback="milp":
+    settle a remaining gap with `milp_plan` (exact, much slower). The returned plan always
+    fits when anything fits (fits=False: nothing fits, the fewest-bytes plan is returned).
+    optimal: proven optimal; info: kept choices, unit_bytes, grid_exact, bins, DPs run, caps
+    pruned / settled without a DP, lower_bound_s (a proven lower bound on the optimum), gap.
+    """
+    t0 = _time.perf_counter()
+    full = arrays(table)
+    keep = prune_exact(full) if prune else np.arange(full.K)
+    a = _sub(full, keep)
+    S_avail = float(budget_bytes) - a.base_b
+    wmin = float(a.w.min())
+    e = a.w - wmin
+    span = S_avail - float(a.pk.min()) - a.L * wmin
+    info = {"kept": int(len(keep)), "choices": int(full.K), "dps": 0, "pruned": 0, "quick": 0}
+
+    def done(plan, method="dp", optimal=True, **extra):
+        if plan is None:
+            plan, extra = min_bytes_plan(full), {**extra, "reason": "nothing fits"}
+        else:
+            plan = [int(keep[i]) for i in plan]
+        return make_result(table, full, plan, budget_bytes, method, optimal=optimal,
+                           search_s=_time.perf_counter() - t0, info={**info, **extra})
+
+    if span < 0:
+        return done(None)
+    if e.max() > 0:
+        span = min(span, a.L * float(e.max()))
+    # incumbent: the best uniform or ParaDySe two-segment plan that fits (prunes caps early)
+    seed = None
+    from costmodel.search.paradyse import paradyse_plan
+    h = paradyse_plan(_SubTable(a), budget_bytes)
+    if h.fits:
+        seed = (h.time_s - a.base_t, list(h.per_layer))
+    nb, lower = bins, -_INF
+    while True:
+        unit, exact = _grid(e, span, nb, exact_bins, a.L)
+        info.update(unit_bytes=unit, grid_exact=exact, bins=nb)
+        lo, plan, v = _solve_caps(a, S_avail, unit, exact, info, seed, scan)
+        lower = max(lower, lo)
+        if plan is None and not np.isfinite(lo):
+            return done(None)  # even the relaxation has nothing: provably nothing fits
+        if plan is not None:
+            seed = (v, plan)
+        gap = (seed[0] - lower) / (seed[0] + a.base_t) if seed is not None else _INF
+        if seed is not None and (exact or gap <= max(rel_tol, 1e-12)):
+            return done(seed[1], optimal=exact or gap <= 1e-12, lower_bound_s=lower + a.base_t, gap=max(gap, 0.0))
+        if nb * 4 > max_bins:
+            break
+        nb *= 4
+    if fallback == "milp":
+        res = milp_plan(table, budget_bytes, time_limit=milp_time_limit)
+        return make_result(table, full, res.per_layer, budget_bytes, "milp", optimal=res.optimal,
+                           search_s=_time.perf_counter() - t0,
+                           info={**info, **res.info, "fallback": "milp", "lower_bound_s": lower + a.base_t})
+    return done(seed[1] if seed else None, optimal=False, lower_bound_s=lower + a.base_t, gap=gap)
+
+
+class _SubTable:
+    """TableArrays seen as a cost table (for running the heuristic on the pruned choices)."""
+
+    def __init__(self, a: TableArrays):
+        self.choices = tuple(range(a.K))
+        self.n_layers = a.L
+        self.layer_time_s, self.layer_stored_bytes, self.layer_peak_bytes = a.t, a.w, a.pk
+        self.switch_time_s, self.switch_bytes = a.swt, a.swb
+        self.base_bytes, self.base_time_s = a.base_b, a.base_t
+
+
+# ------------------------------------------------------------------------------------------
+# MILP (HiGHS), flow formulation
+# ------------------------------------------------------------------------------------------
+def milp_plan(table, budget_bytes: float, *, prune: bool = False, compress: bool = True,
+              time_limit: float = 120.0, mip_rel_gap: float = 1e-9) -> SearchResult:
+    """The same optimum by `scipy.optimize.milp` (flow formulation; see module doc)."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    t0 = _time.perf_counter()
+    full = arrays(table)
+    keep = prune_exact(full) if prune else np.arange(full.K)
+    t, w, pk = full.t[keep], full.w[keep], full.pk[keep]
+    swt, tr = full.swt[np.ix_(keep, keep)], full.transient[np.ix_(keep, keep)]
+    L, K = full.L, len(keep)
+    # classes of identical source rows (swt and transient) for y
+    if compress:
+        _, first, inv = np.unique(np.concatenate([swt, tr], axis=1), axis=0, return_index=True, return_inverse=True)
+        inv = np.asarray(inv).ravel()
+        R = len(first)
+        rep = np.asarray(first)
+    else:
+        R, inv, rep = K, np.arange(K), np.arange(K)
+    # scaling: bytes relative to the budget, time relative to the fastest layer
+    bscale = max(float(budget_bytes), 1.0)
+    tscale = max(float(t.min()), 1e-30)
+    nx, ny = L * K, max(L - 1, 0) * R * K
+    nz = nx + ny
+    nv = nz + 1
+
+    def X(l, i):
+        return l * K + i
+
+    def Y(l, r, j):
+        return nx + (l * R + r) * K + j
+
+    c = np.zeros(nv)
+    c[:nx] = np.tile(t / tscale, L)
+    for l in range(L - 1):
+        c[Y(l, 0, 0):Y(l, 0, 0) + R * K] = (swt[rep] / tscale).ravel()
+    rows, cols, vals, lo, hi = [], [], [], [], []
+    r = 0
+
+    def add(cs, vs, lb, ub):
+        nonlocal r
+        rows.extend([r] * len(cs))
+        cols.extend(cs)
+        vals.extend(vs)
+        lo.append(lb)
+        hi.append(ub)
+        r += 1
+
+    for l in range(L):
+        add([X(l, i) for i in range(K)], [1.0] * K, 1.0, 1.0)
+    for l in range(L - 1):
+        for g in range(R):
+            members = np.flatnonzero(inv == g)
+            add([Y(l, g, j) for j in range(K)] + [X(l, int(i)) for i in members], [1.0] * K + [-1.0] * len(members),
+                0.0, 0.0)
+        for j in range(K):
+            add([Y(l, g, j) for g in range(R)] + [X(l + 1, j)], [1.0] * R + [-1.0], 0.0, 0.0)
+        # z >= transient of layer l+1
+        add([Y(l, g, j) for g in range(R) for j in range(K)] + [nz],
+            [tr[rep[g], j] / bscale for g in range(R) for j in range(K)] + [-1.0], -_INF, 0.0)
+    add([X(0, i) for i in range(K)] + [nz], list(pk / bscale) + [-1.0], -_INF, 0.0)
+    # memory
+    add(list(range(nx)) + [nz], list(np.tile(w / bscale, L)) + [1.0], -_INF,
+        (float(budget_bytes) - full.base_b) / bscale)
+    A = coo_matrix((vals, (rows, cols)), shape=(r, nv)).tocsr()
+    integrality = np.zeros(nv)
+    integrality[:nx] = 1
+    res = milp(c, constraints=LinearConstraint(A, lo, hi), integrality=integrality,
+               bounds=Bounds(np.zeros(nv), np.concatenate([np.ones(nz), [_INF]])),
+               options={"time_limit": time_limit, "mip_rel_gap": mip_rel_gap, "presolve": True})
+    info = {"status": int(res.status), "message": str(res.message), "variables": int(nv), "constraints": int(r)}
+    if res.x is None:
+        plan = min_bytes_plan(full)
+        return make_result(table, full, plan, budget_bytes, "milp", optimal=res.status == 2,
+                           search_s=_time.perf_counter() - t0, info={**info, "reason": "infeasible or no solution"})
+    xs = res.x[:nx].reshape(L, K)
+    plan = [int(keep[i]) for i in xs.argmax(1)]
+    info["objective_s"] = float(res.fun * tscale + full.base_t)
+    return make_result(table, full, plan, budget_bytes, "milp", optimal=res.status == 0,
+                       search_s=_time.perf_counter() - t0, info=info)

@@ -1,0 +1,243 @@
+"""The cost model: CostTable arithmetic, memory vs XLA, time-model orderings, profile cache."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from costmodel import memory as M
+from costmodel import time as T
+from costmodel.hardware import PROFILES
+from costmodel.probe import figures, layer_step
+from costmodel.profile import Calibration, cache_path, fit_time, load_calibration, profile, TimeSample
+from costmodel.table import Choice, CostTable, cost_table
+from sharding.layout import LAYERS, StorageLayout
+from sharding.mesh import build_mesh
+from sharding.ops.blocks import BlockSpec
+from sharding.stack import layer_weight_shapes
+
+# 1.3B-like layer (configs/1.3b.yaml): the planner's shapes, never compiled here.
+SPEC_13B = BlockSpec(n_heads=16, head_dim=128, d_model=2048, d_ff=8192, gated=False, activation="gelu",
+                     attention="blockwise", attention_block=1024, compute_dtype="bfloat16")
+# Small shapes XLA compiles in seconds.
+SPEC_MEM = BlockSpec(n_heads=8, head_dim=32, d_model=256, d_ff=768, gated=True, activation="silu",
+                     attention_block=256)
+SPEC_TINY = BlockSpec(n_heads=8, head_dim=16, d_model=128, d_ff=384, attention_block=64)
+STRATEGIES = ("dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp")
+
+
+# ------------------------------------------------------------------------------------------------
+# CostTable arithmetic
+# ------------------------------------------------------------------------------------------------
+def hand_table():
+    return CostTable(
+        choices=(Choice("dp"), Choice("metp", "full")), n_layers=3,
+        layer_time_s=np.array([1.0, 3.0]), layer_stored_bytes=np.array([100, 10]),
+        layer_peak_bytes=np.array([50, 20]), base_bytes=1000, base_time_s=0.5,
+        switch_time_s=np.array([[0.0, 0.25], [0.125, 0.0]]), switch_bytes=np.array([[0, 40], [7, 0]]))
+
+
+def test_plan_bytes_and_time_by_hand():
+    t = hand_table()
+    # all dp: 1000 + 3*100 + max(50, 50, 50)
+    assert t.plan_bytes([0, 0, 0]) == 1350
+    assert t.plan_time([0, 0, 0]) == pytest.approx(0.5 + 3.0)
+    # dp, metp, metp: 1000 + 100 + 10 + 10 + max(50, 20 + 40, 20) ; switch dp->metp once
+    assert t.plan_bytes([0, 1, 1]) == 1000 + 120 + 60
+    assert t.plan_time([0, 1, 1]) == pytest.approx(0.5 + 1 + 3 + 3 + 0.25)
+    # metp, dp, metp: two switches, peaks 20, 50 + 7, 20 + 40
+    assert t.plan_bytes([1, 0, 1]) == 1000 + 120 + 60
+    assert t.plan_time([1, 0, 1]) == pytest.approx(0.5 + 7 + 0.125 + 0.25)
+    assert t.index("metp", "full") == 1 and t.uniform("dp") == [0, 0, 0]
+    with pytest.raises(ValueError):
+        t.plan_bytes([0, 1])
+    with pytest.raises(KeyError):
+        t.index("tp")
+
+
+def test_cost_table_shapes_and_switches():
+    t = cost_table(SPEC_13B, {"data": 8}, batch=16, seq_len=8192, n_layers=24, vocab=50304, hardware="a100-80gb")
+    k = len(t.choices)
+    assert k == 3 * len(STRATEGIES)  # every strategy can serve this shape, x 3 remat policies
+    assert t.layer_time_s.shape == t.layer_stored_bytes.shape == t.layer_peak_bytes.shape == (k,)
+    assert t.switch_time_s.shape == t.switch_bytes.shape == (k, k)
+    assert np.all(t.layer_time_s > 0) and np.all(t.layer_stored_bytes > 0) and t.base_bytes > 0
+    i, j = t.index("tp_sp"), t.index("metp")  # same boundary layout [b, s/p, h]: free switch
+    assert t.switch_time_s[i, j] == 0 and t.switch_bytes[i, j] == 0
+    i, j = t.index("fsdp"), t.index("metp")  # [b/N, s, h] -> [b, s/p, h]: an all-to-all
+    assert t.switch_time_s[i, j] > 0 and t.switch_bytes[i, j] > 0
+    # remat trades time for memory
+    for s in ("dp", "tp_sp", "metp"):
+        assert t.layer_stored_bytes[t.index(s, "full")] < t.layer_stored_bytes[t.index(s)]
+        assert t.layer_time_s[t.index(s, "full")] > t.layer_time_s[t.index(s)]
+
+
+def test_infeasible_strategies_are_left_out():
+    spec = BlockSpec(n_heads=6, head_dim=64, d_model=384, d_ff=1536)
+    names = {c.strategy for c in cost_table(spec, {"data": 8}, 8, 1024, 4, 1000).choices}
+    assert "ulysses" not in names and "tp" not in names and "metp" not in names  # 6 heads over 8
+    assert {"dp", "fsdp", "ring"} <= names
+    names = {c.strategy for c in cost_table(SPEC_13B, {"data": 8}, 1, 8192, 4, 1000).choices}
+    assert "dp" not in names and "fsdp" not in names  # batch 1 over 8 devices
+
+
+# ------------------------------------------------------------------------------------------------
+# Memory model
+# ------------------------------------------------------------------------------------------------
+def test_layer_states_follow_the_storage_layout():
+    """Params per device = what StorageLayout actually puts on one device (divisible or replicated)."""
+    mesh = build_mesh({"data": 8})
+    layout = StorageLayout(mesh)
+    for spec in (SPEC_MEM, BlockSpec(n_heads=6, head_dim=64, d_model=384, d_ff=1000)):
+        local = 0
+        for _, (shape, axes) in layer_weight_shapes(spec).items():
+            full = (1, *shape)
+            sharding = layout.sharding((LAYERS, *axes), full)
+            local += math.prod(sharding.shard_shape(full))
+        assert M.layer_param_elems(spec, 8)[0] == local
+        shape = M.Shape(spec, {"data": 8}, 8, 256, param_bytes=4, optimizer_slots=2)
+        assert M.layer_states(shape) == local * 4 * 4
+
+
+def _xla_total(strategy, spec, mesh, batch, seq_len, n_layers, remat="none"):
+    c = layer_step(strategy, spec, mesh, batch, seq_len, n_layers=n_layers, remat=None if remat == "none" else remat)
+    return figures(c)["total"]
+
+
+MEMORY_BOUND = 0.10  # per-device total of a 3-layer step, shipped coefficients, held-out shapes
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_memory_matches_xla_on_held_out_shapes(strategy):
+    """Shipped (calibrated) model vs XLA's per-device bytes on shapes not used for fitting:
+    another d_model / head count / gated MLP than the calibration shape, two lengths (dense and
+    blockwise attention)."""
+    mesh = build_mesh({"data": 8})
+    errs = []
+    for s in (256, 1536):
+        shape = M.Shape(SPEC_MEM, {"data": 8}, 8, s, backend="cpu")
+        xla = _xla_total(strategy, SPEC_MEM, mesh, 8, s, 3)
+        pred = M.plan_layer_bytes(shape, strategy, "none", 3)
+        errs.append(abs(pred - xla) / xla)
+    assert max(errs) < MEMORY_BOUND, (strategy, errs)
+
+
+def test_calibration_fits_and_extrapolates():
+    """calibrate() on two lengths of a new shape predicts XLA's bytes at a third (held out)."""
+    mesh = build_mesh({"data": 8})
+    coeffs, samples = M.calibrate(mesh, SPEC_TINY, 8, (128, 512), strategies=("metp", "tp_sp"))
+    assert len(samples) == 4 and set(coeffs.stored) == {"metp", "tp_sp"}
+    for smp in samples:  # the fit reproduces its own samples
+        m = M.layer_memory(smp.shape, smp.strategy, smp.remat, coeffs)
+        assert abs(m.activations - smp.stored) / smp.stored < 0.05
+    for strategy in ("metp", "tp_sp"):
+        xla = _xla_total(strategy, SPEC_TINY, mesh, 8, 1024, 3)
+        total = M.plan_layer_bytes(M.Shape(SPEC_TINY, {"data": 8}, 8, 1024, backend="cpu"), strategy, "none", 3, coeffs)
+        assert abs(total - xla) / xla < 0.05, (strategy, total, xla)
+
+
+def test_metp_needs_least_memory_at_long_length():
+    for s, b in ((32768, 4), (131072, 1)):
+        t = cost_table(SPEC_13B, {"data": 8}, b, s, 24, 50304, hardware="a100-80gb",
+                       choices=[Choice(x) for x in ("tp", "tp_sp", "ring", "ulysses", "metp")])
+        need = {c.strategy: t.plan_bytes(t.uniform(i)) for i, c in enumerate(t.choices)}
+        assert min(need, key=need.get) == "metp", need
+        assert need["metp"] < 0.5 * need["tp"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Time model
+# ------------------------------------------------------------------------------------------------
+def _uniform_time(spec, mesh_shape, batch, s, strategy, hardware="a100-80gb", remat="none"):
+    t = cost_table(spec, mesh_shape, batch, s, 24, 50304, hardware=hardware, choices=[Choice(strategy, remat)])
+    return t.plan_time(t.uniform(0))
+
+
+def test_time_orderings_a100():
+    mesh = {"data": 8}
+    # short sequences, many rows: data parallelism beats METP's weight ring (its CPC regime)
+    assert _uniform_time(SPEC_13B, mesh, 128, 1024, "dp") < _uniform_time(SPEC_13B, mesh, 128, 1024, "metp")
+    assert _uniform_time(SPEC_13B, mesh, 128, 1024, "fsdp") < _uniform_time(SPEC_13B, mesh, 128, 1024, "tp")
+    # remat costs time
+    assert _uniform_time(SPEC_13B, mesh, 16, 8192, "tp_sp") < _uniform_time(SPEC_13B, mesh, 16, 8192, "tp_sp",
+                                                                           remat="full")
+    # the same tokens cost more at longer length (attention is quadratic)
+    assert _uniform_time(SPEC_13B, mesh, 32, 4096, "ulysses") < _uniform_time(SPEC_13B, mesh, 1, 131072, "ulysses")
+    # a faster device is faster
+    assert _uniform_time(SPEC_13B, mesh, 16, 8192, "metp", "h100") < _uniform_time(SPEC_13B, mesh, 16, 8192, "metp")
+
+
+def test_metp_full_overlap_condition():
+    """METP's ring steps hide the transfer once b*s/p exceeds F/B (REFERENCES: full overlap)."""
+    prof = PROFILES["a100-80gb"]
+    coeffs = T.TimeCoefficients.from_profile(prof, {"data": 8})
+    exposed = {}
+    for s in (2048, 65536):
+        shape = M.Shape(SPEC_13B, {"data": 8}, 1, s)
+        lt = T.layer_time(shape, "metp", "none", coeffs)
+        latency = sum(hops for hops, _, _ in T.layer_work(shape, "metp").ring_steps) * coeffs.lat("collective-permute")
+        exposed[s] = (lt.ring - latency) / lt.total
+    assert exposed[2048] > 0.2  # short: transfer-bound, most of the ring is exposed
+    assert exposed[65536] < 0.1  # long: compute-bound, transfer hidden
+
+
+def test_alpha_beta_collectives():
+    assert T._wire("all-gather", 800, 8) == (700, 7)
+    assert T._wire("reduce-scatter", 800, 8) == (700, 7)
+    assert T._wire("all-reduce", 800, 8) == (1400, 14)
+    assert T._wire("collective-permute", 800, 8) == (800, 1)
+    assert T._wire("all-reduce", 800, 1) == (0, 0)
+
+
+def test_matmul_flops_match_compiled_hlo():
+    """Analytical matmul FLOPs of a dense-attention layer = dot FLOPs in the compiled HLO."""
+    mesh = build_mesh({"data": 8})
+    s = 64
+    c = layer_step("tp", SPEC_TINY, mesh, 8, s, n_layers=2)
+    hlo = T.hlo_dot_flops(c.as_text())
+    w = T.layer_work(M.Shape(SPEC_TINY, {"data": 8}, 8, s), "tp")
+    analytic = 2 * (w.matmul_flops + w.attn_flops)
+    assert abs(hlo - analytic) / analytic < 0.1, (hlo, analytic)
+
+
+# ------------------------------------------------------------------------------------------------
+# Profile and its cache
+# ------------------------------------------------------------------------------------------------
+def test_profile_cache_round_trip(tmp_path):
+    coeffs = T.TimeCoefficients.from_profile(PROFILES["h100"], {"data": 8})
+    cal = Calibration("gpu-H100", {"data": 2, "model": 4}, coeffs, M.MemoryCoefficients(stored={"metp": {"act": 1.1}}),
+                      step_overhead_s=0.01)
+    path = cal.save(str(tmp_path))
+    assert path == cache_path(str(tmp_path), "gpu-H100", {"data": 2, "model": 4})
+    back = load_calibration(str(tmp_path), "gpu-H100", {"data": 2, "model": 4})
+    assert back is not None and back.to_json() == cal.to_json()
+    assert load_calibration(str(tmp_path), "gpu-H100", {"data": 8}) is None  # other mesh
+    assert load_calibration(str(tmp_path), "gpu-A100", {"data": 2, "model": 4}) is None  # other device
+    t = cost_table(SPEC_13B, {"data": 2, "model": 4}, 8, 4096, 4, 50304, hardware=back)
+    assert t.hardware == "gpu-H100" and np.all(t.layer_time_s > 0)
+
+
+def test_fit_time_recovers_known_rates():
+    """NNLS on synthetic step times generated by the model itself gives back its rates."""
+    truth = T.TimeCoefficients(matmul_flops=5e9, attn_flops=2e9, elem_rate=1e9, mem_bw=4e9,
+                               bandwidth={k: 2e9 for k in T.KINDS}, latency={k: 1e-4 for k in T.KINDS},
+                               overlap=False, shared_compute=True, layer_overhead=1e-3)
+    samples = []
+    for s in (64, 128, 256, 512):
+        for strat in STRATEGIES:
+            shape = M.Shape(SPEC_TINY, {"data": 8}, 8, s)
+            samples.append(TimeSample(shape, strat, "none", 2, 2 * T.layer_time(shape, strat, "none", truth).total))
+    coeffs, step, report = fit_time(samples)
+    assert report["median_rel_err"] < 0.02
+    assert coeffs.matmul_flops == pytest.approx(5e9, rel=0.2)
+
+
+def test_profile_times_real_programs_and_caches(tmp_path):
+    mesh = build_mesh({"data": 8})
+    cal = profile(mesh, SPEC_TINY, (64, 128), strategies=("dp", "tp"), repeats=1, directory=str(tmp_path))
+    assert cal.device_kind.startswith("cpu") and cal.time.shared_compute and not cal.time.overlap
+    assert cal.meta["fit"]["n_samples"] == 4
+    assert load_calibration(str(tmp_path), cal.device_kind, {"data": 8}) is not None
+    again = profile(mesh, SPEC_TINY, (64, 128), strategies=("dp", "tp"), directory=str(tmp_path))
+    assert again.meta["created"] == cal.meta["created"]  # read from the cache, nothing re-run
