@@ -151,7 +151,10 @@ def time_compiled(compiled, repeats: int = 3, warmup: int = 1, args=None) -> dic
 
 @dataclass
 class TimeSample:
-    """One measured layer step: shape, strategy/remat, n_layers and seconds (min of the runs)."""
+    """One measured layer step: shape, strategy/remat, n_layers, wall seconds (min and median of
+    the runs) and the process CPU seconds of the fastest-CPU run (all threads: on a CPU whose
+    cores the simulated devices share, the work done, which other tenants' load does not
+    inflate as it inflates wall time)."""
 
     shape: Shape
     strategy: str
@@ -159,18 +162,20 @@ class TimeSample:
     n_layers: int
     seconds: float
     median: float = 0.0
+    cpu_seconds: float = 0.0
 
     def to_json(self) -> dict:
         from dataclasses import asdict
         sh = self.shape
         return {"spec": asdict(sh.spec), "mesh": dict(sh.mesh_shape), "batch": sh.batch, "seq_len": sh.seq_len,
                 "backend": sh.backend, "strategy": self.strategy, "remat": self.remat, "n_layers": self.n_layers,
-                "seconds": self.seconds, "median": self.median}
+                "seconds": self.seconds, "median": self.median, "cpu_seconds": self.cpu_seconds}
 
     @classmethod
     def from_json(cls, d: Mapping) -> "TimeSample":
         shape = Shape(BlockSpec(**d["spec"]), dict(d["mesh"]), d["batch"], d["seq_len"], backend=d.get("backend", "cpu"))
-        return cls(shape, d["strategy"], d["remat"], d["n_layers"], d["seconds"], d.get("median", d["seconds"]))
+        return cls(shape, d["strategy"], d["remat"], d["n_layers"], d["seconds"], d.get("median", d["seconds"]),
+                   d.get("cpu_seconds", 0.0))
 
 
 def measure_times(mesh, spec: BlockSpec, batch: int, lengths: Sequence[int], strategies: Optional[Sequence[str]] = None,
@@ -194,21 +199,23 @@ def measure_times(mesh, spec: BlockSpec, batch: int, lengths: Sequence[int], str
                 c = layer_step(strat, spec, mesh, batch, s, n_layers=n_layers, remat=None if r == "none" else r)
                 programs.append((s, strat, r, c, concrete_inputs(c)))
     runs: list[list[float]] = [[] for _ in programs]
+    cpu: list[list[float]] = [[] for _ in programs]
     inner = [1] * len(programs)  # short programs run several times per round (more chances of a quiet moment)
     for round_ in range(repeats + 1):
         for i, (_, _, _, c, args) in enumerate(programs):
             for _ in range(inner[i]):
-                t0 = _time.perf_counter()
+                t0, c0 = _time.perf_counter(), _time.process_time()
                 jax.block_until_ready(c(*args))
-                dt = _time.perf_counter() - t0
+                dt, dc = _time.perf_counter() - t0, _time.process_time() - c0
                 if round_:
                     runs[i].append(dt)
+                    cpu[i].append(dc)
             if not round_:
                 inner[i] = int(min(8, max(1, min_round_s // max(dt, 1e-6))))
     out = []
-    for (s, strat, r, _, _), times in zip(programs, runs):
+    for (s, strat, r, _, _), times, cpus in zip(programs, runs, cpu):
         shape = Shape(spec, mesh_shape, batch, s, backend=mesh.devices.flat[0].platform)
-        sample = TimeSample(shape, strat, r, n_layers, min(times), statistics.median(times))
+        sample = TimeSample(shape, strat, r, n_layers, min(times), statistics.median(times), min(cpus))
         out.append(sample)
         if progress:
             progress(sample)
@@ -240,17 +247,38 @@ def time_features(shape: Shape, strategy: str, remat: str, shared_compute: bool 
     return feats
 
 
+def wall_per_cpu(samples: Sequence[TimeSample]) -> float:
+    """Median over samples of (min wall seconds / min process CPU seconds): how many seconds of
+    wall time a CPU-second of this machine's work takes (< 1 when the cores run in parallel)."""
+    ratios = [s.seconds / s.cpu_seconds for s in samples if s.cpu_seconds > 0]
+    return float(np.median(ratios)) if ratios else 1.0
+
+
+def step_seconds(samples: Sequence[TimeSample], use_cpu_time: bool) -> list[float]:
+    """What the fit targets: the min wall time, or (shared CPU devices) the load-corrected wall
+    time = process CPU seconds x the median wall-per-CPU ratio, robust to other tenants' load."""
+    if not use_cpu_time:
+        return [s.seconds for s in samples]
+    ratio = wall_per_cpu(samples)
+    return [s.cpu_seconds * ratio if s.cpu_seconds > 0 else s.seconds for s in samples]
+
+
 def fit_time(samples: Sequence[TimeSample], name: str = "fitted", shared_compute: bool = True,
-             overlap: bool = False) -> tuple[TimeCoefficients, float, dict]:
+             overlap: bool = False, use_cpu_time: Optional[bool] = None) -> tuple[TimeCoefficients, float, dict]:
     """NNLS (in relative error) of measured seconds on n_layers x the per-layer terms + a step
-    constant. Returns (coefficients, step overhead seconds, fit report)."""
+    constant. Returns (coefficients, step overhead seconds, fit report). With shared CPU devices
+    (default when every sample has CPU seconds) the target is the load-corrected wall time
+    (`step_seconds`)."""
     from scipy.optimize import nnls
+    if use_cpu_time is None:
+        use_cpu_time = shared_compute and all(s.cpu_seconds > 0 for s in samples)
     names = list(time_features(samples[0].shape, samples[0].strategy, samples[0].remat, shared_compute)) + ["step"]
     rows, y = [], []
-    for smp in samples:
+    targets = step_seconds(samples, use_cpu_time)
+    for smp, target in zip(samples, targets):
         f = time_features(smp.shape, smp.strategy, smp.remat, shared_compute)
         rows.append([smp.n_layers * f[k] for k in names[:-1]] + [1.0])
-        y.append(smp.seconds)
+        y.append(target)
     A, y = np.array(rows, dtype=float), np.array(y, dtype=float)
     scale = A.max(axis=0)
     scale[scale == 0] = 1.0
@@ -267,6 +295,8 @@ def fit_time(samples: Sequence[TimeSample], name: str = "fitted", shared_compute
         latency={k: th["hops"] for k in KINDS}, overlap=overlap, shared_compute=shared_compute,
         layer_overhead=th["layer"], iter_overhead=th["iters"], name=name)
     report = {"median_rel_err": float(np.median(err)), "max_rel_err": float(err.max()), "n_samples": len(y),
+              "target": "cpu-corrected wall" if use_cpu_time else "min wall",
+              "wall_per_cpu": wall_per_cpu(samples) if use_cpu_time else None,
               "theta": {k: float(v) for k, v in th.items()}}
     return coeffs, float(th["step"]), report
 
@@ -288,7 +318,12 @@ def profile(mesh, spec: BlockSpec, lengths: Sequence[int], batch: Optional[int] 
 
     With `reuse` and a cached calibration for this device kind and mesh shape, that one is
     returned without running anything. `memory=True` also fits the memory corrections against
-    XLA's figures at `memory_lengths` (default `lengths`)."""
+    XLA's figures at `memory_lengths` (default `lengths`).
+
+    The fitted rates are the device's, shared by every strategy's prediction. On CPU the default
+    strategies leave out `metp`: XLA:CPU can deadlock on its programs (the 8 simulated devices
+    start its independent psum and ppermute in different orders and the runtime aborts the
+    process after 40 s); compiling them (memory) is safe."""
     mesh_shape = {a: int(n) for a, n in mesh.shape.items()}
     kind = device_kind_of(mesh)
     if directory and reuse:
@@ -298,6 +333,8 @@ def profile(mesh, spec: BlockSpec, lengths: Sequence[int], batch: Optional[int] 
     batch = batch or int(np.prod(list(mesh_shape.values())))
     platform = mesh.devices.flat[0].platform
     shared = platform == "cpu"
+    if strategies is None and shared:
+        strategies = tuple(s for s in STRATEGY_NAMES if s != "metp")
     samples = measure_times(mesh, spec, batch, lengths, strategies, remats, n_layers, repeats, progress)
     coeffs, step, report = fit_time(samples, name=kind, shared_compute=shared, overlap=not shared)
     mem = MemoryCoefficients()

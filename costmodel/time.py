@@ -159,8 +159,11 @@ def shape_shared(shape: Shape) -> bool:
     return shape.backend == "cpu"
 
 
-def layer_work(shape: Shape, strategy: str, remat: str = "none") -> LayerWork:
-    """FLOPs, elementwise work and communication of one layer of `strategy`, per device."""
+def layer_work(shape: Shape, strategy: str, remat: str = "none", skip_masked: bool = True) -> LayerWork:
+    """FLOPs, elementwise work and communication of one layer of `strategy`, per device.
+
+    skip_masked=False counts every attention tile / ring block as computed (what compiled HLO
+    holds: both branches of the kernels' `lax.cond`), for cross-checks against `hlo_dot_flops`."""
     spec, s, p, e, g = shape.spec, shape.seq_len, shape.p, shape.e, shape.g
     h, n, k, f = spec.d_model, spec.n_heads, spec.head_dim, spec.d_ff
     N, pb, d = shape.n_devices, shape.param_bytes, shape.d
@@ -197,7 +200,7 @@ def layer_work(shape: Shape, strategy: str, remat: str = "none") -> LayerWork:
         div = 1 if strategy in BATCH_PARALLEL else p
         tokens = bl * s
         w.matmul_flops = per_token_mm * tokens / div * (3 + rec)
-        frac = _causal_fraction(spec, s, s, blockwise)
+        frac = _causal_fraction(spec, s, s, blockwise and skip_masked)
         a, am, el, elm = attention(bl, n / div, s, s, frac, flash=blockwise)
         w.attn_flops, w.attn_flops_mean, w.score_elems, w.score_elems_mean = a, am, el, elm
         X = tokens * h * e
@@ -223,7 +226,7 @@ def layer_work(shape: Shape, strategy: str, remat: str = "none") -> LayerWork:
         _add(w.comm, "reduce-scatter", big * F32, N)
         A = tokens * n * k * e
         if strategy == "ulysses":
-            frac = _causal_fraction(spec, s, s, blockwise)
+            frac = _causal_fraction(spec, s, s, blockwise and skip_masked)
             a, am, el, elm = attention(bl, n / p, s, s, frac, flash=blockwise)
             w.attn_flops, w.attn_flops_mean, w.score_elems, w.score_elems_mean = a, am, el, elm
             _add(w.comm, "all-to-all", A, p, 4 * (2 + rec_attn / 2))
@@ -231,7 +234,7 @@ def layer_work(shape: Shape, strategy: str, remat: str = "none") -> LayerWork:
             tiled = blockwise
             diag = _causal_fraction(spec, int(c), int(c), tiled)
             # slowest device: p - 1 full blocks + the diagonal; mean device: (p - 1) / 2 full + diagonal
-            crit, mean = (p - 1) + diag, (p - 1) / 2 + diag
+            crit, mean = ((p - 1) + diag, (p - 1) / 2 + diag) if skip_masked else (p, p)
             a, am, el, elm = attention(bl, n, c, c, crit, mean, flash=True)
             w.attn_flops, w.attn_flops_mean, w.score_elems, w.score_elems_mean = a, am, el, elm
             kv = 2 * A
@@ -249,11 +252,12 @@ def layer_work(shape: Shape, strategy: str, remat: str = "none") -> LayerWork:
         tokens = bl * c
         w.matmul_flops = per_token_mm * tokens * (3 + rec)
         diag = _causal_fraction(spec, int(c), int(c), True)
-        crit, mean = (p - 1) + diag, (p - 1) / 2 + diag
+        crit, mean = ((p - 1) + diag, (p - 1) / 2 + diag) if skip_masked else (p, p)
         a, am, el, elm = attention(bl, n, c, c, crit, mean, flash=True)
         w.attn_flops, w.attn_flops_mean, w.score_elems, w.score_elems_mean = a, am, el, elm
-        # hand-written backward recomputes MLP activations and q/k/v: one more forward of the matmuls
-        w.matmul_flops += per_token_mm * tokens * (1 - rec)
+        # the hand-written backward recomputes the MLP's input projection and q/k/v (not the output
+        # projections): matches the dot FLOPs of the compiled HLO
+        w.matmul_flops += 2 * tokens * (g * h * f + 3 * h * n * k) * (1 - rec)
         wblk_mlp = (g * h * f + f * h) / p * e
         wblk_att = (3 * h * n * k + n * k * h) / p * e
         kv = 2 * tokens * (n / p) * k * e

@@ -49,6 +49,10 @@ def test_plan_bytes_and_time_by_hand():
     # metp, dp, metp: two switches, peaks 20, 50 + 7, 20 + 40
     assert t.plan_bytes([1, 0, 1]) == 1000 + 120 + 60
     assert t.plan_time([1, 0, 1]) == pytest.approx(0.5 + 7 + 0.125 + 0.25)
+    # the backward-order bound: at layer l only layers <= l still hold their stored bytes
+    assert t.plan_bytes_backward([0, 0, 0]) == t.plan_bytes([0, 0, 0])
+    assert t.plan_bytes_backward([0, 1, 1]) == 1000 + max(100 + 50, 110 + 60, 120 + 20)
+    assert t.plan_bytes_backward([1, 0, 1]) == 1000 + max(10 + 20, 110 + 57, 120 + 60)
     assert t.index("metp", "full") == 1 and t.uniform("dp") == [0, 0, 0]
     with pytest.raises(ValueError):
         t.plan_bytes([0, 1])
@@ -241,3 +245,21 @@ def test_profile_times_real_programs_and_caches(tmp_path):
     assert load_calibration(str(tmp_path), cal.device_kind, {"data": 8}) is not None
     again = profile(mesh, SPEC_TINY, (64, 128), strategies=("dp", "tp"), directory=str(tmp_path))
     assert again.meta["created"] == cal.meta["created"]  # read from the cache, nothing re-run
+
+
+def test_plan_bytes_match_the_trainers_compiled_step(tmp_path, tiny_config):
+    """CostTable vs XLA's per-device bytes of whole train steps (embedding, layers, loss, AdamW)."""
+    import dysejax
+    from dysejax.model.transformer import block_spec
+    cfg = tiny_config("model.d_model=128", "model.d_ff=384", "model.n_layers=4", "model.attention_block=128",
+                      "data.buckets=[512]", "data.tokens_per_batch=4096", "data.max_docs=200")
+    trainer = dysejax.Trainer(cfg, workdir=str(tmp_path), verbose=False)
+    spec, bs = block_spec(cfg.model), trainer.data.batch_size(512)
+    choices = (Choice("dp"), Choice("tp_sp"), Choice("metp"), Choice("metp", "full"))
+    table = cost_table(spec, {"data": 8}, bs, 512, 4, cfg.model.vocab_size, hardware="a100-80gb", choices=choices)
+    for written, per_layer, bound in (("dp", [0] * 4, 0.06), ("metp", [2] * 4, 0.06),
+                                      ([["tp_sp", 2], ["metp", 2, "full"]], [1, 1, 3, 3], 0.12)):
+        xla = trainer.programs.get("train", 512, bs, trainer.parse_plan(written)).bytes_per_device
+        pred = table.plan_bytes_backward(per_layer)
+        assert pred <= table.plan_bytes(per_layer)
+        assert abs(pred - xla) / xla < bound, (written, pred, xla)
