@@ -26,11 +26,13 @@ PROFILES = {
     "a100-80gb": DeviceProfile("A100-80GB", 312e12, 80 * 2**30, 300e9, 25e9),
     "h100": DeviceProfile("H100-SXM", 989e12, 80 * 2**30, 450e9, 50e9),
     "h200": DeviceProfile("H200-SXM", 989e12, 141 * 10**9, 450e9, 50e9),
+    "v100-32gb": DeviceProfile("V100-32GB", 125e12, 32 * 2**30, 150e9, 12.5e9),  # fp16 tensor cores
+    "a10-24gb": DeviceProfile("A10-24GB", 125e12, 24 * 2**30, 32e9, 12.5e9),  # PCIe only, no NVLink
 }
 
 
 def get_profile(name: str) -> DeviceProfile:
-    """A named profile (a100-80gb, h100, h200)."""
+    """A named profile (a100-80gb, h100, h200, v100-32gb, a10-24gb)."""
     try:
         return PROFILES[name.lower()]
     except KeyError:

@@ -273,7 +273,7 @@ def analytical_features(shape: Shape, strategy: str, remat: str = "none") -> tup
     in flight ("buf"), blockwise score tiles ("tile"), dense score
     transients and hoisted masks ("quadp").
     """
-    spec, s, p, g = shape.spec, shape.seq_len, shape.p, shape.g
+    spec, p, g = shape.spec, shape.p, shape.g
     e = shape.e_mem  # bytes of a compute-dtype element as XLA keeps it
     h, k = spec.d_model, spec.head_dim
     N, pb, d = shape.n_devices, shape.param_bytes, shape.d

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Mapping, Optional
 
 from costmodel.hardware import DeviceProfile
-from costmodel.memory import (BATCH_PARALLEL, F32, SEQ_SHARDED, Shape, analytical_features, boundary_bytes,
+from costmodel.memory import (BATCH_PARALLEL, F32, Shape, analytical_features, boundary_bytes,
                               boundary_kind, embedding_elems, layer_param_elems)
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")

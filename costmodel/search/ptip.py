@@ -47,6 +47,7 @@ from typing import Sequence
 import numpy as np
 
 from costmodel.hardware import DeviceProfile, get_profile
+from costmodel.pipeline import fill_drain_time, flowshop_time, in_flight, transfer_time
 from costmodel.search.ilp import ModelShape
 
 __all__ = ["PipeWorkload", "PipeCluster", "PipeConfig", "PipePlan", "evaluate", "even_split", "megatron_config",
@@ -152,7 +153,7 @@ def _coeffs(model: ModelShape, wl: PipeWorkload, cl: PipeCluster, cfg: PipeConfi
     # p2p between stages
     cross = t * d >= cl.node
     bw_pp = prof.inter_node_bw if cross else prof.intra_node_bw
-    c1 = X / t / bw_pp + lat  # one transfer of a micro-batch's activations (or their gradients)
+    c1 = transfer_time(X / t, bw_pp, lat)  # one transfer of a micro-batch's activations (or their gradients)
     b = np.zeros(pp)
     if pp > 1:
         b += 2 * 2 * c1  # fwd out/in + bwd in/out on each of the (up to) two boundaries
@@ -168,7 +169,7 @@ def _coeffs(model: ModelShape, wl: PipeWorkload, cl: PipeCluster, cfg: PipeConfi
     sbh = float(s * mb * h)
     score = 0.0 if wl.flash else 5.0 * a * s / h
     A_layer = sbh * (34 + score) / t if cfg.sp else sbh * (10 + 24 / t + score / t)
-    inflight = np.array([min(pp - k, m) for k in range(pp)], dtype=float)
+    inflight = np.array([in_flight(k, pp, m, "1f1b") for k in range(pp)], dtype=float)
     al = per_param * P_layer / t + inflight * A_layer
     be = np.zeros(pp)
     be[0] += per_param * P_embed / t + inflight[0] * 3 * sbh / (t if cfg.sp else 1)
@@ -200,8 +201,8 @@ def evaluate(model: ModelShape, wl: PipeWorkload, cl: PipeCluster, cfg: PipeConf
     T = c.a * n + c.b
     mem = c.al * n + c.be
     sync = float((c.g * n + c.de).max())
-    bubble = float(T.sum() - T.max())  # fill/drain beyond m x the bottleneck stage
-    it = float(T.sum() + (c.m - 1) * T.max() + sync)
+    bubble = fill_drain_time(T)  # fill/drain beyond m x the bottleneck stage
+    it = float(flowshop_time(T, c.m) + sync)
     return PipePlan(config=cfg, layers_per_stage=tuple(int(x) for x in n), iter_time_s=it,
                     stage_time_s=tuple(float(x) for x in T), stage_bytes=tuple(float(x) for x in mem),
                     fits=bool(mem.max() <= cl.memory_limit), bubble_s=bubble, dp_sync_s=sync, micro_batches=c.m,
