@@ -1,5 +1,7 @@
 #!/usr/bin/env python
-"""Command line: python train.py --config FILE [--workdir DIR] [--steps N] [--warmup-only] [--set key=value ...]"""
+"""Command line: python train.py --config FILE [--workdir DIR] [--steps N] [--warmup-only] [--plan [--json]]
+[--set key=value ...]
+[--coordinator HOST:PORT --num-processes N --process-id I]"""
 from __future__ import annotations
 
 import argparse
@@ -20,9 +22,37 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, help="total step target of the run (default train.steps)")
     p.add_argument("--warmup-only", action="store_true",
                    help="compile every bucket's program (filling the compile cache), report, and exit")
+    p.add_argument("--plan", action="store_true",
+                   help="print the plan report (plan, predicted bytes and step time per bucket) and a PNG; no training")
+    p.add_argument("--json", action="store_true", help="with --plan: print the report as JSON")
+    p.add_argument("--plan-png", metavar="FILE", help="with --plan: where the PNG goes (default WORKDIR/plan.png)")
     p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[],
                    metavar="KEY=VALUE", help="override a config value, e.g. --set train.seed=1")
+    p.add_argument("--coordinator", metavar="HOST:PORT",
+                   help="multi-process run: the address process 0 listens on (one process per host)")
+    p.add_argument("--num-processes", type=int, metavar="N", help="multi-process run: number of processes")
+    p.add_argument("--process-id", type=int, metavar="I", help="multi-process run: this process, 0..N-1")
     return p.parse_args(argv)
+
+
+def _plan_report(trainer, args) -> int:
+    import json
+    import os
+
+    from dysejax.plan_report import format_report, plan_report, write_plot
+
+    report = plan_report(trainer)
+    png = args.plan_png or os.path.join(trainer.workdir, "plan.png")
+    os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
+    written = write_plot(trainer, report, png)
+    note = f"plot: {written}" if written else "plot: not written (pip install matplotlib)"
+    if args.json:
+        print(json.dumps(report, indent=1))
+        sys.stderr.write(note + "\n")
+    else:
+        print(format_report(report))
+        print(note)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -38,9 +68,14 @@ def main(argv=None) -> int:
             overrides.append(f"train.steps={args.steps}")
         config = dysejax.load_config(args.config, overrides)
         runtime.configure_host_devices(config.parallel.cpu_devices)
+        runtime.initialize_distributed(args.coordinator, args.num_processes, args.process_id,
+                                       config.train.peer_timeout_s)
         from dysejax.trainer import Trainer, default_workdir
 
-        trainer = Trainer(config, workdir=args.workdir or config.workdir or default_workdir(args.config))
+        trainer = Trainer(config, workdir=args.workdir or config.workdir or default_workdir(args.config),
+                          verbose=not args.plan)
+        if args.plan:
+            return _plan_report(trainer, args)
         if args.warmup_only:
             t0 = time.perf_counter()
             report = trainer.warmup()

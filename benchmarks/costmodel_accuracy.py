@@ -29,6 +29,7 @@ import time
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
                                    "--xla_disable_hlo_passes=cse_barrier_expander")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from results_io import write_json  # noqa: E402  (the script's folder is on sys.path)
 
 import numpy as np  # noqa: E402
 
@@ -429,9 +430,7 @@ def main(argv=None):
     result["wall_s"] = time.time() - t_start
     print(f"\ntotal {result['wall_s']:.0f} s")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=1)
+        write_json(args.json, result)
     return result
 
 

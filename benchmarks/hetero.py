@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import platform
 import sys
@@ -20,6 +19,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from costmodel.hetero import ClusterError, Workload, load_cluster, load_model, plan_hetero  # noqa: E402
+from results_io import write_json  # noqa: E402  (the script's folder is on sys.path)
 
 MODELS = ("1.3b", "7b", "13b")
 NOTE = "model predictions replayed by the event-driven pipeline simulator, not measurements"
@@ -94,10 +94,8 @@ def main(argv=None) -> int:
         if x:
             print(f"HPH speedup over {name}: {min(x):.2f}x to {max(x):.2f}x")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"note": NOTE, "platform": platform.platform(), "workload": vars(args) | {"json": None},
-                       "rows": rows}, f, indent=1)
+        write_json(args.json, {"note": NOTE, "platform": platform.platform(),
+                               "workload": vars(args) | {"json": None}, "rows": rows})
     return 0
 
 

@@ -100,3 +100,55 @@ def collective_stats(text: str) -> dict[str, dict[str, int]]:
 def collective_bytes(text: str) -> dict[str, int]:
     """Bytes per device handled by each kind of collective."""
     return {k: v["bytes"] for k, v in collective_stats(text).items()}
+
+
+_NAME = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=")
+_REF = re.compile(r"%([\w.\-]+)")
+
+
+def unordered_collectives(text: str) -> list[tuple[str, str, str]]:
+    """(computation, op, op) for each pair of instructions that run collectives (directly or in
+    a called computation) with no data dependence between them: XLA:CPU may start those in
+    different orders on different devices, which deadlocks (`sharding.ops.ordering`)."""
+    comps, _ = _computations(text)
+    has: dict[str, bool] = {}
+
+    def bears(name: str, depth: int = 0) -> bool:
+        if name not in has:
+            has[name] = False
+            found = False
+            for line in comps.get(name, ()):
+                op = _OP.match(line)
+                if op and (op.group(2).removesuffix("-start") in KINDS):
+                    found = True
+                callees = _CALLS.findall(line) + [c for g in _BRANCHES.findall(line) for c in _REF.findall(g)]
+                found = found or any(bears(c, depth + 1) for c in callees if depth < 64)
+            has[name] = found
+        return has[name]
+
+    out = []
+    for comp, lines in comps.items():
+        deps: dict[str, set[str]] = {}
+        collective = []
+        for line in lines:
+            name = _NAME.match(line)
+            op = _OP.match(line)
+            if not (name and op):
+                continue
+            me = name.group(1)
+            rest = op.group(3).split(", metadata=")[0]
+            deps[me] = {r for r in _REF.findall(rest) if r in deps}
+            callees = _CALLS.findall(line) + [c for g in _BRANCHES.findall(line) for c in _REF.findall(g)]
+            if op.group(2).removesuffix("-start") in KINDS or any(bears(c) for c in callees):
+                collective.append(me)
+        ancestors: dict[str, set[str]] = {}
+        for me in deps:  # instructions are listed after their operands
+            anc = set()
+            for d in deps[me]:
+                anc |= ancestors[d] | {d}
+            ancestors[me] = anc
+        for i, a in enumerate(collective):
+            for b in collective[i + 1:]:
+                if a not in ancestors[b] and b not in ancestors[a]:
+                    out.append((comp, a, b))
+    return out

@@ -374,11 +374,20 @@ def layer_states(shape: Shape) -> float:
 class MemoryCoefficients:
     """Multipliers of the analytical features, per (strategy, remat); missing = 1 (analytical)."""
 
-    stored: dict = field(default_factory=dict)  # {strategy: {feature: c}} (one fit over all remats)
+    # {strategy: {feature: c}} (one fit over all remats), or {"strategy@remat": ...} (per policy)
+    stored: dict = field(default_factory=dict)
     peak: dict = field(default_factory=dict)
 
+    def key(self, strategy: str, remat: str = "none") -> Optional[str]:
+        """The entry that holds this strategy's multipliers (per policy first), or None."""
+        for key in (f"{strategy}@{remat}", strategy):
+            if key in self.stored:
+                return key
+        return None
+
     def get(self, strategy: str, remat: str = "none") -> tuple[dict, dict]:
-        return self.stored.get(strategy, {}), self.peak.get(strategy, {})
+        key = self.key(strategy, remat)
+        return (self.stored[key], self.peak.get(key, {})) if key else ({}, {})
 
     def to_json(self) -> dict:
         return {"stored": self.stored, "peak": self.peak}
@@ -561,9 +570,10 @@ def _nnls(A: np.ndarray, y: np.ndarray, prior: float = 1e-3, start: Optional[np.
 
 
 def fit_coefficients(samples: Sequence[Sample], prior: float = 0.02,
-                     start: Optional[MemoryCoefficients] = None) -> MemoryCoefficients:
+                     start: Optional[MemoryCoefficients] = None, per_remat: bool = False) -> MemoryCoefficients:
     """Per-strategy multipliers of the stored and peak features fitted to XLA samples (all remat
-    policies of a strategy together: the remat-specific features carry the difference).
+    policies of a strategy together: the remat-specific features carry the difference; with
+    `per_remat`, one fit per (strategy, remat policy), keyed `strategy@remat`).
 
     The fit is pulled (weight `prior`) toward `start`'s multipliers (default: the analytical 1s);
     calibrating a new model shape on few lengths, pass `default_coefficients()` so that what the
@@ -572,14 +582,14 @@ def fit_coefficients(samples: Sequence[Sample], prior: float = 0.02,
     start = start or ANALYTICAL
     groups: dict[str, list[Sample]] = {}
     for smp in samples:
-        groups.setdefault(smp.strategy, []).append(smp)
+        groups.setdefault(f"{smp.strategy}@{smp.remat}" if per_remat else smp.strategy, []).append(smp)
     for key, group in groups.items():
         feats = [analytical_features(smp.shape, smp.strategy, smp.remat) for smp in group]
         for which, names, target in (("stored", STORED_FEATURES, [smp.stored for smp in group]),
                                      ("peak", PEAK_FEATURES, [smp.peak for smp in group])):
             A = np.array([[f[0 if which == "stored" else 1][nm] for nm in names] for f in feats], dtype=float)
             used = [i for i in range(len(names)) if np.any(A[:, i] > 0)]
-            base = start.get(key)[0 if which == "stored" else 1]
+            base = start.get(group[0].strategy, group[0].remat)[0 if which == "stored" else 1]
             coef = {nm: float(base.get(nm, 1.0)) for nm in names}
             if used:
                 c = _nnls(A[:, used], np.array(target, dtype=float), prior, [coef[names[i]] for i in used])

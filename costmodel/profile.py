@@ -57,7 +57,7 @@ class Calibration:
     def correct_memory(self, strategy: str, remat: str, mem: LayerMemory, shape: Shape) -> LayerMemory:
         """The layer's memory with the fitted feature multipliers (the shipped ones for a strategy
         this calibration did not fit)."""
-        return layer_memory(shape, strategy, remat, self.memory if strategy in self.memory.stored else None)
+        return layer_memory(shape, strategy, remat, self.memory if self.memory.key(strategy, remat) else None)
 
     # -- JSON ------------------------------------------------------------------------------------
     def to_json(self) -> dict:
@@ -104,6 +104,16 @@ def load_calibration(directory: str, device_kind: str, mesh_shape: Mapping[str, 
     if cal.device_kind != device_kind or dict(cal.mesh_shape) != dict(mesh_shape):
         return None
     return cal
+
+
+DEFAULT_CALIBRATION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calibrations", "cpu.json")
+
+
+def default_calibration() -> Calibration:
+    """The shipped CPU calibration (benchmarks/fit_cpu_calibration.py: 8 simulated devices on a
+    2-core machine), used when no calibration was fitted for the devices here."""
+    with open(DEFAULT_CALIBRATION) as fh:
+        return Calibration.from_json(json.load(fh))
 
 
 def device_kind_of(mesh) -> str:
@@ -348,6 +358,38 @@ def profile(mesh, spec: BlockSpec, lengths: Sequence[int], batch: Optional[int] 
     if directory:
         cal.save(directory)
     return cal
+
+
+def calibrate_memory_for(mesh, spec: BlockSpec, shapes: Sequence[tuple[int, int]], directory: Optional[str] = None,
+                         remats: Sequence[str] = ("none", "full"), progress: Optional[Callable] = None
+                         ) -> MemoryCoefficients:
+    """Memory corrections for this model's layer on the devices here: XLA's figures of every
+    feasible strategy at these (batch, seq_len) shapes, fitted from the shipped coefficients
+    (which keep what the samples cannot determine). The samples are cached in `directory` per
+    device kind, mesh, layer shape and sampled shapes, so a rerun compiles nothing."""
+    import hashlib
+    from dataclasses import asdict
+
+    from costmodel.memory import Sample, default_coefficients, fit_coefficients, measure_samples
+    mesh_shape = {a: int(n) for a, n in mesh.shape.items()}
+    key = json.dumps([asdict(spec), sorted(mesh_shape.items()), sorted(shapes), list(remats)], sort_keys=True)
+    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+    path = None
+    if directory:
+        path = cache_path(directory, device_kind_of(mesh), mesh_shape).replace(".json", f"__memory-{digest}.json")
+    if path and os.path.exists(path):
+        with open(path) as fh:
+            samples = [Sample.from_json(d) for d in json.load(fh)]
+    else:
+        samples = []
+        for batch, seq_len in sorted(set(shapes)):
+            samples += measure_samples(STRATEGY_NAMES, spec, mesh, batch, [seq_len], remats, progress)
+        if path:
+            os.makedirs(directory, exist_ok=True)
+            with open(path + ".tmp", "w") as fh:
+                json.dump([smp.to_json() for smp in samples], fh)
+            os.replace(path + ".tmp", path)
+    return fit_coefficients(samples, prior=0.05, start=default_coefficients(), per_remat=True)
 
 
 def with_memory(cal: Calibration, coefficients: MemoryCoefficients) -> Calibration:

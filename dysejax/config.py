@@ -134,14 +134,29 @@ class TrainConfig:
     nonfinite: Literal["stop", "skip"] = "stop"  # a non-finite loss/gradient: stop, or skip the update
     compile_cache: bool = True  # JAX's persistent compilation cache
     compile_cache_dir: Optional[str] = None  # default WORKDIR/compile_cache
+    peer_timeout_s: float = 120.0  # multi-process: wait this long for a process to join or answer
+
+
+@dataclass
+class PipelineConfig:
+    stages: int = 1  # pipeline stages along the mesh's `stage` axis; 1 = no pipeline
+    microbatches: int = 1  # micro-batches each batch is split into for the pipeline
+    schedule: Literal["gpipe", "1f1b"] = "gpipe"
+    partition: Optional[list[int]] = None  # layers per stage, summing to model.n_layers; default even
 
 
 @dataclass
 class ParallelConfig:
     mesh: dict[str, int] = field(default_factory=lambda: {"data": -1})
-    plan: Any = "dp"  # strategy name, written plan, or (later) a per-bucket mapping / "auto"
+    plan: Any = "dp"  # strategy name, written plan, "auto", or a {bucket: any of those, default: ...} mapping
     memory_budget_gb: Optional[float] = None  # per device; None: device memory (unlimited on CPU)
     cpu_devices: int = 8  # simulated CPU devices when JAX would otherwise see only one
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    # what `plan: auto` and `--plan` predict for: auto (these devices: a GPU profile by name, on
+    # CPU the calibration in WORKDIR/costmodel or the shipped one) or a profile name (a100-80gb,
+    # h100, h200) to plan a GPU cluster from a laptop
+    hardware: str = "auto"
+    costmodel_dir: Optional[str] = None  # fitted cost-model calibrations (default WORKDIR/costmodel)
 
 
 @dataclass
@@ -352,6 +367,7 @@ def validate(c: Config) -> None:
              f"optimizer.weight_prediction_steps must be >= 0, got {o.weight_prediction_steps}")
     for name in ("steps", "grad_accum", "eval_every", "checkpoint_every", "keep_checkpoints", "log_every"):
         _require(getattr(t, name) > 0, f"train.{name} must be positive, got {getattr(t, name)}")
+    _require(t.peer_timeout_s > 0, f"train.peer_timeout_s must be positive, got {t.peer_timeout_s}")
     _require(len(p.mesh) > 0, "parallel.mesh is empty: name at least one axis, e.g. {data: -1}")
     for axis, size in p.mesh.items():
         _require(size == -1 or size > 0, f"parallel.mesh.{axis} must be positive or -1, got {size}")
@@ -359,3 +375,26 @@ def validate(c: Config) -> None:
     _require(p.memory_budget_gb is None or p.memory_budget_gb > 0,
              f"parallel.memory_budget_gb must be positive, got {p.memory_budget_gb}")
     _require(p.cpu_devices > 0, f"parallel.cpu_devices must be positive, got {p.cpu_devices}")
+    _validate_pipeline(p.pipeline, p.mesh, m.n_layers)
+
+
+def _validate_pipeline(pp: PipelineConfig, mesh: dict, n_layers: int) -> None:
+    _require(pp.stages > 0, f"parallel.pipeline.stages must be positive (1 = no pipeline), got {pp.stages}")
+    _require(pp.microbatches > 0, f"parallel.pipeline.microbatches must be positive, got {pp.microbatches}")
+    if "stage" in mesh:
+        _require(mesh["stage"] == pp.stages, f"parallel.mesh.stage ({mesh['stage']}) must equal "
+                 f"parallel.pipeline.stages ({pp.stages}): set both to the number of stages, or drop the stage axis")
+    if pp.stages == 1:
+        _require(pp.microbatches == 1 and pp.partition is None,
+                 "parallel.pipeline.microbatches and .partition need parallel.pipeline.stages > 1 "
+                 "(to split a batch without a pipeline use train.grad_accum)")
+        return
+    _require(n_layers >= pp.stages, f"parallel.pipeline.stages ({pp.stages}) exceeds model.n_layers ({n_layers}): "
+             "every stage needs at least one layer")
+    if pp.partition is not None:
+        part = pp.partition
+        _require(len(part) == pp.stages, f"parallel.pipeline.partition has {len(part)} entries but "
+                 f"parallel.pipeline.stages is {pp.stages}: give one layer count per stage")
+        _require(all(n > 0 for n in part), f"parallel.pipeline.partition {part}: every stage needs at least one layer")
+        _require(sum(part) == n_layers, f"parallel.pipeline.partition {part} sums to {sum(part)} but model.n_layers "
+                 f"is {n_layers}: make the layer counts add up to {n_layers}")

@@ -1,8 +1,13 @@
 """Process-level JAX setup that must happen before the backend starts."""
 from __future__ import annotations
 
+import atexit
 import os
+import socket
+import sys
 from typing import Optional
+
+from dysejax.errors import ConfigError
 
 # On XLA:CPU the pass cse_barrier_expander strips optimisation barriers, after which CSE merges
 # recomputed values with the forward ones and jax.checkpoint silently does nothing. Disabling
@@ -26,13 +31,115 @@ def configure_host_devices(n_devices: int = 8) -> bool:
     return True
 
 
+def detected_cluster() -> Optional[str]:
+    """The cluster environment JAX can read process count and id from (SLURM, Open MPI, TPU VM, ...)."""
+    from jax._src.clusters import ClusterEnv  # the registry jax.distributed.initialize() consults
+
+    env = next((e for e in ClusterEnv._cluster_types if not e.opt_in_only_method and e.is_env_present()), None)
+    return env.__name__ if env else None
+
+
+def _check_process_flags(coordinator: Optional[str], num_processes: Optional[int], process_id: Optional[int]) -> None:
+    if coordinator is None:
+        if num_processes not in (None, 1) or process_id not in (None, 0):
+            raise ConfigError(f"--num-processes {num_processes} / --process-id {process_id} need --coordinator "
+                              "HOST:PORT (the address process 0 listens on)")
+        return
+    host, _, port = coordinator.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--coordinator {coordinator!r}: expected HOST:PORT, e.g. 10.0.0.1:1234")
+    if num_processes is None or process_id is None:
+        raise ConfigError("--coordinator needs --num-processes N and --process-id I (0 on the coordinator's host)")
+    if num_processes < 1:
+        raise ConfigError(f"--num-processes must be positive, got {num_processes}")
+    if not 0 <= process_id < num_processes:
+        raise ConfigError(f"--process-id must be in 0..{num_processes - 1} for --num-processes {num_processes}, "
+                          f"got {process_id}")
+
+
+def _join_failure(where: str, process_id: Optional[int], timeout_s: float) -> str:
+    host, _, port = where.rpartition(":")
+    if process_id != 0 and port.isdigit():
+        try:
+            socket.create_connection((host, int(port)), timeout=2).close()
+        except OSError as e:
+            return (f"cannot reach the coordinator {where} ({e.strerror or e}) within train.peer_timeout_s="
+                    f"{timeout_s:g} s: start process 0 first and check the address and port from this host")
+    return (f"not every process joined through {where} within train.peer_timeout_s={timeout_s:g} s: start all "
+            "--num-processes processes with the same --coordinator, or raise train.peer_timeout_s")
+
+
+def initialize_distributed(coordinator: Optional[str] = None, num_processes: Optional[int] = None,
+                           process_id: Optional[int] = None, peer_timeout_s: float = 120.0) -> bool:
+    """Join a multi-process run with jax.distributed; must run before JAX's backend starts.
+
+    Initializes with the given coordinator (HOST:PORT of process 0), process count and id, or
+    from the cluster environment when no flag is given and JAX detects one; otherwise this is a
+    single process and nothing happens (returns False). Waits up to `peer_timeout_s` for every
+    process to join, then watches the peers (see dysejax.watchdog).
+    """
+    _check_process_flags(coordinator, num_processes, process_id)
+    cluster = detected_cluster() if coordinator is None else None
+    if coordinator is None and cluster is None:
+        return False
+    import jax
+    from jax._src import distributed
+
+    from dysejax.watchdog import PeerWatchdog, exit_after
+
+    timeout = max(1, int(peer_timeout_s))
+    where = coordinator or f"the coordinator of the {cluster} environment"
+    # JAX aborts the process when joining times out; the timer reports it first, as a usage error.
+    with exit_after(peer_timeout_s, lambda: _join_failure(where, process_id, peer_timeout_s), status=2):
+        jax.distributed.initialize(coordinator, num_processes, process_id, initialization_timeout=timeout + 30,
+                                   heartbeat_timeout_seconds=2 * timeout + 10, shutdown_timeout_seconds=timeout)
+    state = distributed.global_state
+    watchdog = PeerWatchdog(state.client, state.process_id, state.num_processes, peer_timeout_s)
+    watchdog.start()
+    sys.excepthook = watchdog.excepthook(sys.excepthook)
+
+    def finish():  # before the interpreter exits: stop watching, then leave through JAX's barrier
+        watchdog.stop()
+        jax.distributed.shutdown()
+    atexit.register(finish)
+    return True
+
+
+def disagreeing_processes(value) -> list[int]:
+    """The processes whose JSON-able `value` differs from process 0's (a collective; [] alone)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return []
+    import hashlib
+    import json
+
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    digest = hashlib.sha256(json.dumps(value, default=str).encode()).digest()
+    rows = multihost_utils.process_allgather(np.frombuffer(digest[:16], np.int32))
+    return [i for i in range(len(rows)) if not np.array_equal(rows[i], rows[0])]
+
+
+def agreed_signal(signum: Optional[int]) -> Optional[int]:
+    """A stop signal any process has seen, so that every process stops after the same step."""
+    import jax
+
+    if jax.process_count() == 1:
+        return signum
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    return int(multihost_utils.process_allgather(np.int32(signum or 0)).max()) or None
+
+
 def enable_compilation_cache(directory: str) -> None:
     """Turn on JAX's persistent compilation cache in `directory`, small programs included."""
     import jax
     from jax._src import compilation_cache
 
-    directory = os.path.abspath(directory)
-    os.makedirs(directory, exist_ok=True)
+    directory = os.path.abspath(directory)  # JAX creates it at the first compilation
     if jax.config.jax_compilation_cache_dir != directory:
         jax.config.update("jax_compilation_cache_dir", directory)
         compilation_cache.reset_cache()  # re-read the directory on next use
@@ -41,13 +148,19 @@ def enable_compilation_cache(directory: str) -> None:
 
 
 def memory_budget_bytes(budget_gb: Optional[float]) -> Optional[int]:
-    """Per-device byte budget: the configured GiB, else the accelerator's memory (None on CPU)."""
+    """Per-device byte budget: the configured GiB, else the accelerator's memory (the smallest over
+    processes; None on CPU)."""
     if budget_gb is not None:
         return int(budget_gb * 2**30)
     import jax
 
-    device = jax.devices()[0]
+    device = jax.local_devices()[0]
     if device.platform == "cpu":
         return None
-    stats = device.memory_stats() or {}
-    return stats.get("bytes_limit")
+    limit = (device.memory_stats() or {}).get("bytes_limit")
+    if limit is not None and jax.process_count() > 1:  # every process must select the same programs
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        limit = int(multihost_utils.process_allgather(np.int32(limit // 2**20)).min()) * 2**20
+    return limit

@@ -1,24 +1,36 @@
 """The train and eval step functions (pure; compiled per bucket by `dysejax.programs`)."""
 from __future__ import annotations
 
-from typing import Callable
+from functools import partial
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from dysejax.model.transformer import Transformer
+from dysejax.model.transformer import Transformer, block_spec
 from dysejax.optim import Optimizer, predict_params
+from sharding.pipeline import Pipeline, pipeline_loss
 from sharding.plan import Plan
+from sharding.strategies import get_strategy
 
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
 
 
-def loss_sums(model: Transformer, plan: Plan, mesh: Mesh, params, batch):
+def loss_sums(model: Transformer, plan: Plan, mesh: Mesh, params, batch, pipeline: Optional[Pipeline] = None):
     """(sum of token cross-entropies, number of loss tokens) for one batch."""
+    method = None if pipeline is None else partial(_pipelined, pipeline=pipeline)
     return model.apply({"params": params}, batch["inputs"], batch["segment_ids"], batch["positions"],
-                       batch["targets"], batch["loss_mask"], plan=plan, mesh=mesh)
+                       batch["targets"], batch["loss_mask"], plan=plan, mesh=mesh, method=method)
+
+
+def _pipelined(module: Transformer, inputs, segment_ids, positions, targets, loss_mask, *, plan, mesh, pipeline):
+    """The model's loss with its layers run as a pipeline (embedding before it, head in its last stage)."""
+    spec = block_spec(module.cfg)
+    x = get_strategy(plan.runs[0].strategy).embed(module.embed, inputs, mesh).astype(spec.dtype)
+    return pipeline_loss(pipeline, plan, spec, mesh, module.layers, module.final_norm, module.head(), x,
+                         segment_ids, positions, targets, loss_mask, default_remat=module.cfg.remat)
 
 
 def _microbatches(batch, n: int):
@@ -30,13 +42,14 @@ def _microbatches(batch, n: int):
 
 
 def make_train_step(model: Transformer, optimizer: Optimizer, plan: Plan, mesh: Mesh,
-                    grad_accum: int = 1, skip_nonfinite: bool = False) -> Callable:
+                    grad_accum: int = 1, skip_nonfinite: bool = False,
+                    pipeline: Optional[Pipeline] = None) -> Callable:
     """state, batch -> new state, metrics. Gradients are taken at XGrad's predicted weights.
 
     With `skip_nonfinite`, a step whose loss or gradient norm is not finite leaves params and
     optimizer state as they were (metrics report `finite` either way).
     """
-    grad_fn = jax.value_and_grad(lambda p, b: loss_sums(model, plan, mesh, p, b), has_aux=True)
+    grad_fn = jax.value_and_grad(lambda p, b: loss_sums(model, plan, mesh, p, b, pipeline), has_aux=True)
 
     def gradients(params, batch):
         if grad_accum == 1:
@@ -75,6 +88,6 @@ def make_train_step(model: Transformer, optimizer: Optimizer, plan: Plan, mesh: 
     return train_step
 
 
-def make_eval_step(model: Transformer, plan: Plan, mesh: Mesh) -> Callable:
+def make_eval_step(model: Transformer, plan: Plan, mesh: Mesh, pipeline: Optional[Pipeline] = None) -> Callable:
     """params, batch -> (loss sum, loss tokens)."""
-    return lambda params, batch: loss_sums(model, plan, mesh, params, batch)
+    return lambda params, batch: loss_sums(model, plan, mesh, params, batch, pipeline)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
+import shutil
 import signal
 import sys
 import time
@@ -16,7 +18,9 @@ from typing import Optional
 
 import jax
 
+from costmodel.hardware import PROFILES
 from dysejax import runtime
+from dysejax.autoplan import AutoPlanner, calibrate_here, check_hardware, resolve_hardware
 from dysejax.checkpoint import Checkpointer
 from dysejax.compile_watch import compile_counter
 from dysejax.config import Config
@@ -30,7 +34,8 @@ from dysejax.programs import ProgramCache, ProgramKey, batch_sharding, gib
 from dysejax.state import StateLayout
 from dysejax.step import BATCH_KEYS, make_eval_step, make_train_step
 from sharding.layout import StorageLayout
-from sharding.mesh import MeshError, build_mesh, describe_mesh
+from sharding.mesh import MeshError, build_mesh, describe_mesh, with_stage_axis
+from sharding.pipeline import Pipeline, PipelineError
 from sharding.plan import Plan, PlanSyntaxError, parse_plan
 from sharding.strategies import STRATEGIES, StrategyShapeError, get_strategy
 
@@ -48,21 +53,28 @@ class Trainer:
         runtime.configure_host_devices(config.parallel.cpu_devices)
         self.config = config
         self.workdir = os.path.abspath(workdir or config.workdir or default_workdir(None))
+        if os.path.exists(self.workdir) and not os.path.isdir(self.workdir):
+            raise ConfigError(f"--workdir {self.workdir!r} is a file: name a folder (created if missing)")
+        self._new_workdir = not os.path.exists(self.workdir)  # removed if the first warmup finds a bad input
         self.verbose = verbose
         self.interrupted: Optional[int] = None  # signal number that stopped the last fit
         try:
-            self.mesh = build_mesh(config.parallel.mesh)
+            pp = config.parallel.pipeline
+            self.mesh = build_mesh(with_stage_axis(config.parallel.mesh, pp.stages, jax.device_count()))
         except MeshError as e:
             raise ConfigError(str(e)) from None
         self.n_devices = self.mesh.devices.size
         self.spec = block_spec(config.model)
         self.data = DataPipeline(config.data, seed=config.train.seed,
-                                 batch_multiple=self.n_devices * config.train.grad_accum)
-        self.plans = PlanTable(config.parallel.plan, self.data.buckets, config.model.n_layers, list(STRATEGIES))
+                                 batch_multiple=self._batch_multiple() * config.train.grad_accum)
+        self.budget = runtime.memory_budget_bytes(config.parallel.memory_budget_gb)
+        self._planner: Optional[AutoPlanner] = None
+        check_hardware(config.parallel.hardware)
+        self.plans = PlanTable(config.parallel.plan, self.data.buckets, config.model.n_layers, list(STRATEGIES),
+                               auto=lambda b: self.planner.plan(b, self.data.batch_size(b)).candidates)
         for bucket in self.data.buckets:
             for plan in self.plans.candidates(bucket):
                 self.check_plan(plan, bucket, self.data.batch_size(bucket))
-        self.budget = runtime.memory_budget_bytes(config.parallel.memory_budget_gb)
         self.compile_cache_dir = None
         if config.train.compile_cache:
             self.compile_cache_dir = config.train.compile_cache_dir or os.path.join(self.workdir, "compile_cache")
@@ -78,11 +90,44 @@ class Trainer:
             self.mesh, self.state_layout.abstract, self.state_layout.shardings,
             make_train=lambda plan: make_train_step(self.model, self.optimizer, plan, self.mesh,
                                                     config.train.grad_accum,
-                                                    skip_nonfinite=config.train.nonfinite == "skip"),
-            make_eval=lambda plan: make_eval_step(self.model, plan, self.mesh))
+                                                    skip_nonfinite=config.train.nonfinite == "skip",
+                                                    pipeline=self.pipeline),
+            make_eval=lambda plan: make_eval_step(self.model, plan, self.mesh, self.pipeline))
         self.is_writer = jax.process_index() == 0
+        self._check_same_on_every_process()
+
+    def _check_same_on_every_process(self) -> None:
+        """Every process picks each step's bucket and program from these facts; all must agree."""
+        if jax.process_count() == 1:
+            return
+        facts = {"config": self.config.to_dict(), "data": self.data.report,
+                 "epoch0": [(p.bucket, p.batch_size, p.real_tokens) for p in self.data.epoch_plans(0)],
+                 "plans": [[p.id for p in self.plans.candidates(b)] for b in self.data.buckets]}
+        differ = runtime.disagreeing_processes(facts)
+        if differ:
+            raise ConfigError(f"process(es) {', '.join(map(str, differ))} derived another config, data or plan "
+                              "table than process 0: give every process the same config, --set values and data")
 
     # -- plans -------------------------------------------------------------------------------
+    @property
+    def planner(self) -> AutoPlanner:
+        """The cost-model planner of `parallel.plan: auto` and `--plan` (built on first use)."""
+        if self._planner is None:
+            cfg = self.config
+            directory = cfg.parallel.costmodel_dir or os.path.join(self.workdir, "costmodel")
+            hardware = resolve_hardware(cfg.parallel.hardware, self.mesh, directory)
+            if not isinstance(hardware, str):  # the devices are here: fit this model's memory to XLA
+                buckets = self.data.buckets
+                shapes = [(self.data.batch_size(b), b) for b in {buckets[0], buckets[-1]}]
+                hardware = calibrate_here(hardware, self.mesh, self.spec, shapes, directory, self.log)
+            budget = self.budget
+            if budget is None and isinstance(hardware, str):  # planning a GPU from here: its memory
+                budget = PROFILES[hardware].memory_bytes
+            self._planner = AutoPlanner(self.spec, dict(self.mesh.shape), cfg.model.n_layers, cfg.model.vocab_size,
+                                        hardware, budget, cfg.model.param_dtype, cfg.optimizer.name,
+                                        cfg.model.remat)
+        return self._planner
+
     def parse_plan(self, value) -> Plan:
         """A strategy name or written plan for this model, as a Plan."""
         try:
@@ -97,6 +142,25 @@ class Trainer:
                 get_strategy(name).check(self.spec, self.mesh, batch_size, seq_len)
             except StrategyShapeError as e:
                 raise PlanError(f"bucket {seq_len} (batch {batch_size}): {e}") from None
+        if self.pipeline is not None:
+            try:
+                self.pipeline.check(plan, self.spec, self.mesh, batch_size, seq_len)
+            except PipelineError as e:
+                raise ConfigError(f"bucket {seq_len} (batch {batch_size}): {e}") from None
+
+    @property
+    def pipeline(self) -> Optional[Pipeline]:
+        """`parallel.pipeline` as a Pipeline (None when it has one stage)."""
+        pp = self.config.parallel.pipeline
+        if pp.stages == 1:
+            return None
+        return Pipeline(pp.stages, pp.microbatches, pp.schedule, tuple(pp.partition or ()))
+
+    def _batch_multiple(self) -> int:
+        """Batch sizes are multiples of this: every device, and every micro-batch of a pipeline stage."""
+        if self.pipeline is None:
+            return self.n_devices
+        return math.lcm(self.n_devices, self.pipeline.batch_multiple(self.n_devices))
 
     # -- programs ----------------------------------------------------------------------------
     def _jobs(self) -> list[tuple[str, int, int]]:
@@ -137,9 +201,13 @@ class Trainer:
                          + ("" if fits else f"  over budget ({gib(self.budget)})"))
         bar.close()
         self.warmup_report = report
+        runtime.agreed_signal(None)  # builds the per-step stop agreement of a multi-process run now
         self._compiles_at_warmup = self.compiles.lowered
         if failures:
+            if self._new_workdir and self.is_writer:  # leave no trace of a run that could not start
+                shutil.rmtree(self.workdir, ignore_errors=True)
             raise failures[0]
+        self._new_workdir = False
         return report
 
     def compile(self, seq_len: int, plan=None, kind: str = "train"):
@@ -201,6 +269,7 @@ class Trainer:
     def _restore_or_init(self, ckpt: Checkpointer, metrics: MetricsWriter):
         step = ckpt.latest_step()
         if step is None:
+            metrics.truncate_after(0)  # rows of a run killed before its first checkpoint
             return self.state_layout.init(self.config.train.seed), self.data.train_iterator(), 0
         saved = ckpt.check_compatible(step, self._meta())
         state, data_state = ckpt.restore(step, self.state_layout.abstract)
@@ -272,12 +341,13 @@ class Trainer:
                     metrics.write(row)
                     rows.append(row)
                     bar.update(row)
-                    if ckpt.should_save(step) or step == target or stop.signum is not None:
+                    signum = runtime.agreed_signal(stop.signum)  # every process stops after the same step
+                    if ckpt.should_save(step) or step == target or signum is not None:
                         ckpt.save(step, state, it.state(), self._meta())
-                    if stop.signum is not None:
-                        self.interrupted = stop.signum
+                    if signum is not None:
+                        self.interrupted = signum
                         ckpt.wait()
-                        self.log(f"stopped by {signal.Signals(stop.signum).name} at step {step}: "
+                        self.log(f"stopped by {signal.Signals(signum).name} at step {step}: "
                                  f"checkpoint saved in {ckpt.directory}")
                         break
             self.state = state

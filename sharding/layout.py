@@ -4,7 +4,9 @@ Parameters carry logical axis names (declared by the model); this table maps the
 axes. Every strategy reads the same stored tensors, so switching strategy between layers or
 batches moves no parameters. As in ParaDySe, each weight is stored once, split over all
 devices along its head / MLP-column / vocab dimension (Megatron's column and row blocks);
-strategies that compute with another layout gather inside the step.
+strategies that compute with another layout gather inside the step. On a mesh with a
+pipeline `stage` axis, the stacked layers axis is split over `stage` (when it divides it), so
+each stage stores the weights of its own contiguous block of layers.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Optional, Sequence
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from sharding.mesh import mesh_roles
+from sharding.mesh import STAGE_AXIS, mesh_roles
 
 # Logical axis names of parameters and activations.
 LAYERS, VOCAB, EMBED, QKV, HEADS, HEAD_DIM, GATE, MLP = (
@@ -43,7 +45,11 @@ class StorageLayout:
         if self.axes is not None:
             return self.axes
         batch, model = mesh_roles(self.mesh)
-        return model + batch
+        return model + batch + self._stage
+
+    @property
+    def _stage(self) -> tuple[str, ...]:
+        return (STAGE_AXIS,) if self.axes is None and STAGE_AXIS in self.mesh.axis_names else ()
 
     @property
     def shard_count(self) -> int:
@@ -53,6 +59,13 @@ class StorageLayout:
         """PartitionSpec of one stored tensor with these logical axes and shape."""
         if not logical or sum(1 for name in logical if name != LAYERS) < 2:
             return P()
+        layers = list(logical).index(LAYERS) if LAYERS in logical else None
+        if self._stage and layers is not None and shape[layers] % self.mesh.shape[STAGE_AXIS] == 0:
+            inner = StorageLayout(self.mesh, tuple(a for a in self.shard_axes if a != STAGE_AXIS), self.priority)
+            parts = list(inner.spec(logical, shape)) if inner.shard_axes else []
+            parts += [None] * (len(shape) - len(parts))
+            parts[layers] = STAGE_AXIS
+            return P(*parts)
         n = self.shard_count
         axes = self.shard_axes[0] if len(self.shard_axes) == 1 else self.shard_axes
         for name in self.priority:

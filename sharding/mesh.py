@@ -53,14 +53,35 @@ def describe_mesh(mesh: Mesh) -> str:
 
 
 # Mesh axes that split the batch inside a strategy; every other axis (model, seq, ...) forms
-# the model-parallel group that splits sequence, heads or MLP columns.
+# the model-parallel group that splits sequence, heads or MLP columns, except the pipeline's
+# stage axis, which belongs to neither (`sharding.pipeline`).
 BATCH_AXES = ("data", "replica", "fsdp")
+STAGE_AXIS = "stage"
+
+
+def with_stage_axis(axes: Mapping[str, int], stages: int, n_devices: int) -> dict[str, int]:
+    """`axes` with the `stage` axis first (added with `stages` devices unless named): a stage's
+    devices are contiguous, so a stage stays inside a host when it fits in one."""
+    if STAGE_AXIS in axes:
+        return {STAGE_AXIS: axes[STAGE_AXIS], **{a: n for a, n in axes.items() if a != STAGE_AXIS}}
+    if stages == 1:
+        return dict(axes)
+    if n_devices % stages:
+        raise MeshError(f"parallel.pipeline.stages ({stages}) does not divide the {n_devices} devices: "
+                        f"choose a divisor of {n_devices}")
+    try:
+        rest = resolve_mesh_shape(axes, n_devices // stages)
+    except MeshError:
+        raise MeshError(f"parallel.mesh {dict(axes)} must cover the {n_devices // stages} devices of one stage "
+                        f"(parallel.pipeline.stages={stages} of {n_devices} devices): use -1 for one axis") from None
+    return {STAGE_AXIS: stages, **rest}
 
 
 def mesh_roles(mesh: Mesh) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(batch axes, model-parallel axes). A mesh of batch axes only puts all of them in the
-    model group (one node of p devices, as in ParaDySe), leaving the batch unsplit."""
-    names = tuple(mesh.axis_names)
+    """(batch axes, model-parallel axes), never the stage axis. A mesh of batch axes only puts
+    all of them in the model group (one node of p devices, as in ParaDySe), leaving the batch
+    unsplit."""
+    names = tuple(a for a in mesh.axis_names if a != STAGE_AXIS)
     batch = tuple(a for a in names if a in BATCH_AXES)
     model = tuple(a for a in names if a not in BATCH_AXES)
     if not model:

@@ -13,6 +13,7 @@ from jax.sharding import Mesh
 
 from sharding import layout as L
 from sharding.ops.blocks import BlockSpec, rms_norm
+from sharding.ops.ordering import tie
 from sharding.plan import Plan
 from sharding.strategies import get_strategy
 
@@ -36,10 +37,22 @@ def layer_weight_shapes(spec: BlockSpec) -> dict[str, tuple[tuple[int, ...], tup
     }
 
 
-def layer_forward(strategy, spec: BlockSpec, mesh: Mesh, w, x, segment_ids, positions):
-    """One pre-norm Transformer layer computed by `strategy`."""
+ATTENTION_WEIGHTS = ("attn_norm", "wqkv", "wo")
+
+
+def layer_forward(strategy, spec: BlockSpec, mesh: Mesh, w, x, segment_ids, positions, ordered: bool = True):
+    """One pre-norm Transformer layer computed by `strategy`.
+
+    ordered: each sub-layer's weights are tied to its input (`sharding.ops.ordering`), so their
+    gathers follow the previous sub-layer's collectives on XLA:CPU (False inside shard_map)."""
+    if ordered:
+        attn, x = tie({k: w[k] for k in ATTENTION_WEIGHTS}, x)
+        w = dict(w, **attn)
     h = rms_norm(x, w["attn_norm"], spec.norm_eps)
     x = x + strategy.attention(w, h, segment_ids, positions, spec, mesh)
+    if ordered:
+        mlp, x = tie({k: v for k, v in w.items() if k not in ATTENTION_WEIGHTS}, x)
+        w = dict(w, **mlp)
     h = rms_norm(x, w["mlp_norm"], spec.norm_eps)
     return x + strategy.mlp(w, h, spec, mesh)
 
@@ -51,6 +64,7 @@ def run_layers(plan: Plan, stacked, x, segment_ids, positions, spec: BlockSpec, 
     for run in plan.runs:
         strategy = get_strategy(run.strategy)
         weights = jax.tree.map(lambda p: p[start:start + run.n_layers], stacked)
+        weights, x = tie(weights, x)  # this run's weight collectives after the previous run's
         weights = strategy.run_weights(weights, mesh)
         x, seg, pos = strategy.enter(x, segment_ids, positions, mesh)
         body = partial(layer_forward, strategy, spec, mesh)

@@ -1,10 +1,13 @@
 """End to end through `python train.py`: the embedded default, SIGKILL + resume, SIGTERM."""
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from tests.conftest import FAST, ROOT, TINY
 
@@ -75,3 +78,44 @@ def test_sigterm_saves_the_current_step(tmp_path):
     last = _rows(work)[-1]["step"]
     assert last < 400 and _complete_steps(work)[-1] == last
     assert f"stopped by SIGTERM at step {last}" in out
+
+
+def _temporary(workdir):
+    """orbax's in-progress checkpoint folders (renamed to the step number once complete)."""
+    d = os.path.join(workdir, "checkpoints")
+    return {n for n in os.listdir(d) if "tmp" in n} if os.path.isdir(d) else set()
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_points_and_during_saves_resumes_exactly(tmp_path):
+    """Seeded kill points (after random steps, and while orbax writes a checkpoint); each rerun
+    resumes from the last complete checkpoint and the final losses equal an uninterrupted run."""
+    rng = random.Random(8)
+    cache = f"train.compile_cache_dir={tmp_path / 'cache'}"
+    ref = _run(tmp_path / "full", 12, cache)
+    assert ref.returncode == 0, ref.stderr
+    work = tmp_path / "killed"
+    points = [("step", rng.randint(1, 4)), ("save", None), ("step", rng.randint(7, 10)), ("save", None)]
+    caught_saving = 0
+    for kind, at in points:
+        complete, leftover = _complete_steps(work), _temporary(work)
+        proc = subprocess.Popen(_cmd(work, 12, cache), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if kind == "save" and _temporary(work) - leftover:
+                caught_saving += 1
+                break
+            rows = _rows(work) if os.path.exists(work / "metrics.jsonl") else []
+            if kind == "step" and rows and rows[-1]["step"] >= at:
+                break
+            time.sleep(0.002)
+        proc.kill()
+        out, _ = proc.communicate()
+        assert proc.returncode == -signal.SIGKILL, f"{kind} {at}: the run ended before the kill\n{out}"
+        if complete:  # the rerun resumed from the newest complete checkpoint, not a half-written one
+            assert f"resumed from checkpoint step {complete[-1]} " in out, out
+    assert caught_saving >= 1, "no kill landed during a checkpoint save"
+    final = _run(work, 12, cache)
+    assert final.returncode == 0, final.stderr
+    assert [r["loss"] for r in _rows(work)] == [r["loss"] for r in _rows(tmp_path / "full")]

@@ -3,7 +3,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from costmodel.hlo import collective_stats
+from costmodel.hlo import collective_stats, unordered_collectives
 from sharding.mesh import build_mesh
 
 
@@ -25,3 +25,25 @@ def test_loop_collectives_count_per_iteration():
     assert stats["all-reduce"] == {"count": 1, "bytes": block}
     assert stats["all-gather"] == {"count": 1, "bytes": 8 * block}
     assert stats["all-to-all"]["count"] == 0 and stats["reduce-scatter"]["count"] == 0
+
+
+def test_unordered_collectives_are_found_and_a_barrier_orders_them():
+    """Two all-gathers of independent inputs are unordered; tied through a barrier they are not."""
+    from jax.sharding import NamedSharding
+
+    from sharding.ops.ordering import tie
+    mesh = build_mesh({"data": 8})
+    sh = NamedSharding(mesh, P("data"))
+
+    def gathers(a, b, order):
+        ga = jax.lax.with_sharding_constraint(a * 2, NamedSharding(mesh, P()))
+        if order:
+            ga, b = tie(ga, b)
+        gb = jax.lax.with_sharding_constraint(b * 3, NamedSharding(mesh, P()))
+        return ga.sum() + gb.sum()
+
+    x = jax.ShapeDtypeStruct((64, 16), jnp.float32, sharding=sh)
+    free = jax.jit(lambda a, b: gathers(a, b, False)).lower(x, x).compile().as_text()
+    tied = jax.jit(lambda a, b: gathers(a, b, True)).lower(x, x).compile().as_text()
+    assert any("all-gather" in a and "all-gather" in b for _, a, b in unordered_collectives(free))
+    assert unordered_collectives(tied) == []

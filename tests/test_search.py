@@ -43,10 +43,13 @@ def test_dp_equals_milp_on_integer_tables(seed, classes):
     """Whole-MiB bytes: the DP's grid is exact and both solvers prove the same optimum."""
     tb = random_table(seed, n_layers=10, n_choices=5, layout_classes=classes, integer_mib=True)
     B = budget_between(tb, np.random.default_rng(seed).uniform(0.1, 0.9))
-    d, m = exact_plan(tb, B, exact_bins=1 << 14), milp_plan(tb, B)
+    d, m = exact_plan(tb, B, exact_bins=1 << 14, solver="dp"), milp_plan(tb, B)
+    f = exact_plan(tb, B)  # the label search (fast path)
     assert d.fits and m.fits and d.optimal and d.info["grid_exact"]
+    assert f.fits and f.optimal and f.method == "exact"
     assert d.time_s == pytest.approx(m.time_s, rel=1e-9)
-    assert tb.plan_bytes(d.per_layer) <= B
+    assert f.time_s == pytest.approx(m.time_s, rel=1e-9)
+    assert tb.plan_bytes(d.per_layer) <= B and tb.plan_bytes(f.per_layer) <= B
     assert d.time_s == pytest.approx(tb.plan_time(d.per_layer), rel=1e-12)
 
 
@@ -55,10 +58,12 @@ def test_dp_matches_milp_on_continuous_tables(seed):
     """Arbitrary bytes: the DP's plan fits, equals HiGHS's optimum and respects its own lower bound."""
     tb = random_table(100 + seed, n_layers=12, n_choices=5, layout_classes=3 if seed % 2 else None)
     B = budget_between(tb, np.random.default_rng(seed).uniform(0.1, 0.9))
-    d, m = exact_plan(tb, B, rel_tol=0.0), milp_plan(tb, B)
-    assert d.fits and tb.plan_bytes(d.per_layer) <= B
-    assert d.time_s == pytest.approx(m.time_s, rel=1e-9)
-    assert d.info["lower_bound_s"] <= m.time_s * (1 + 1e-12)
+    m = milp_plan(tb, B)
+    for solver in ("auto", "dp"):
+        d = exact_plan(tb, B, rel_tol=0.0, solver=solver)
+        assert d.fits and tb.plan_bytes(d.per_layer) <= B
+        assert d.time_s == pytest.approx(m.time_s, rel=1e-9)
+        assert d.info["lower_bound_s"] <= m.time_s * (1 + 1e-12)
 
 
 def test_switching_cost_and_transient_are_respected():
@@ -104,6 +109,98 @@ def test_dp_search_time_96_layers():
         print(f"\nDP search, 96 layers x {K} choices (s={s}, b={b}): median {med * 1e3:.1f} ms "
               f"({kept} choices kept by exact pruning, {dps} DPs)")
     assert max(v[0] for v in timings.values()) < 0.05
+
+
+def _real_table(s, b, n_layers=96, remats=("none",)):
+    """The project's cost table (13b config, one 8-device data mesh) for one bucket."""
+    import dysejax
+    from costmodel.memory import feasible_strategies
+    from costmodel.table import cost_table
+    from dysejax.model.transformer import block_spec
+    cfg = dysejax.load_config(os.path.join(ROOT, "configs", "13b.yaml"))
+    spec = block_spec(cfg.model)
+    names = feasible_strategies(spec, {"data": 8}, b, s)
+    return cost_table(spec, {"data": 8}, b, s, n_layers, cfg.model.vocab_size,
+                      choices=[Choice(n, r) for n in names for r in remats])
+
+
+def _budgets(tb, fracs=(0.15, 0.5, 0.85)):
+    uni = [tb.plan_bytes(tb.uniform(i)) for i in range(tb.K)]
+    return [min(uni) + f * (max(uni) - min(uni)) for f in fracs]
+
+
+BUCKETS = ((2048, 32), (8192, 8), (32768, 2), (131072, 1))
+
+
+def test_exact_search_time_on_real_tables():
+    """13b, 96 layers, the feasible strategies (up to 7) without remat, 4 lengths x 3 budgets:
+    the exact search returns a proven optimum in milliseconds. On a quiet machine the median is
+    well under 10 ms and the max under 50 ms; the bounds here are generous (shared CI cores)."""
+    times = []
+    for s, b in BUCKETS:
+        tb = _real_table(s, b)
+        for B in _budgets(tb):
+            exact_plan(tb, B)  # warm
+            t0 = time.perf_counter()
+            r = exact_plan(tb, B)
+            times.append(time.perf_counter() - t0)
+            assert r.fits and r.optimal and r.method == "exact"
+            assert r.time_s <= paradyse_plan(tb, B).time_s * (1 + 1e-12)
+    print(f"\nexact search on 13b cost tables (96 layers): median {np.median(times) * 1e3:.2f} ms, "
+          f"max {max(times) * 1e3:.2f} ms over {len(times)} buckets x budgets")
+    assert np.median(times) < 0.010
+    assert max(times) < 0.200
+
+
+@pytest.mark.parametrize("n_layers", [8, 16, 24])
+def test_fast_path_equals_dp_and_milp_on_real_tables(n_layers):
+    """The label search (default) = the DP alone (solver="dp") = HiGHS on real 13b tables, with
+    remat variants (up to 21 choices, layout switches with time and transient bytes). HiGHS
+    runs on the exactly pruned choices and may stop at its time limit on the tightest budgets
+    (symmetric dp/fsdp mixes): then the proven optimum must be at least as fast as its plan."""
+    for (s, b), remats in zip(BUCKETS, (("none",), ("none", "full", "dots"), ("none", "dots"), ("none", "full"))):
+        tb = _real_table(s, b, n_layers, remats)
+        for B in _budgets(tb, (0.1, 0.4, 0.8)):
+            f = exact_plan(tb, B)
+            d = exact_plan(tb, B, solver="dp", rel_tol=0.0)
+            m = milp_plan(tb, B, prune=True, time_limit=10)
+            assert f.fits and d.fits and m.fits and f.optimal
+            assert f.time_s == pytest.approx(d.time_s, rel=1e-9)
+            assert f.time_s <= m.time_s * (1 + 1e-9)
+            if m.optimal:
+                assert f.time_s == pytest.approx(m.time_s, rel=1e-9)
+            assert tb.plan_bytes(f.per_layer) <= B
+            assert len(f.plan().runs) <= len(d.plan().runs)  # ties go to fewer runs
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_fast_path_equals_milp_with_asymmetric_switches(seed):
+    """Random switch matrices (no layout classes: asymmetric time and bytes), small and
+    degenerate shapes, budgets from nothing-fits to everything-fits."""
+    rng = np.random.default_rng(seed)
+    L, K = int(rng.integers(1, 12)), int(rng.integers(1, 6))
+    tb = random_table(700 + seed, n_layers=L, n_choices=K, layout_classes=None, integer_mib=seed % 2 == 0)
+    for frac in (-0.3, rng.uniform(0.0, 0.5), rng.uniform(0.5, 1.1)):
+        B = budget_between(tb, frac)
+        f, m = exact_plan(tb, B), milp_plan(tb, B)
+        assert f.fits == m.fits
+        if m.fits:
+            assert f.optimal and f.time_s == pytest.approx(m.time_s, rel=1e-9)
+            assert tb.plan_bytes(f.per_layer) <= B
+    # too many labels for the limit: falls back to the DP, same optimum
+    B = budget_between(tb, 0.5)
+    g = exact_plan(tb, B, max_labels=0, rel_tol=0.0)
+    h = exact_plan(tb, B)
+    if h.fits and L > 1:
+        assert g.time_s == pytest.approx(h.time_s, rel=1e-9)
+
+
+def test_fewer_runs_among_equal_time_optima():
+    """dp and fsdp equally fast here: the plan is one run, not a dp/fsdp mix."""
+    tb = _real_table(2048, 32)
+    B = _budgets(tb, (0.5,))[0]
+    r = exact_plan(tb, B)
+    assert r.optimal and len(r.plan().runs) == 1
 
 
 # ------------------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ import numpy as np
 import optax
 import pytest
 
+from costmodel.hlo import collective_bytes
+
 import dysejax
 import dysejax.step
 from dysejax.config import TrainConfig
@@ -244,8 +246,12 @@ def test_s1_costs_at_most_one_parameter_buffer(runs, variant):
     print(f"\n{variant}: train step bytes/device s=0 {p0.bytes_per_device}, s=1 {p1.bytes_per_device} "
           f"(+{extra_bytes}); parameters {param_bytes} bytes/device; s=0 {p0.memory}, s=1 {p1.memory}")
     assert extra_bytes <= param_bytes
-    # θ̂ is formed in the parameters' layout: no moment is gathered, the collectives are the same.
-    assert _collectives(p1) == _collectives(p0)
+    # θ̂ is formed in the parameters' layout: no moment is gathered, no collective is added (XLA
+    # may combine the gathers differently: at most as many, moving at most as many bytes).
+    c1, c0 = _collectives(p1), _collectives(p0)
+    assert all(c1[k] <= c0[k] for k in c1), (c1, c0)
+    b1, b0 = collective_bytes(p1.compiled.as_text()), collective_bytes(p0.compiled.as_text())
+    assert sum(b1.values()) <= sum(b0.values()), (b1, b0)
 
 
 @pytest.mark.parametrize("variant", ["dp"] + list(VARIANTS))

@@ -71,7 +71,7 @@ class SearchResult:
     layer; time_s / bytes: predicted step time and per-device bytes (model predictions);
     fits: bytes <= budget_bytes (when False, the plan is the closest (leanest) one found);
     method: which rule produced it (e.g. `paradyse:fastest`, `paradyse:two-segment`,
-    `paradyse:leanest`, `paradyse:smoothed`, `dp`, `milp`); optimal: proven optimal for the
+    `paradyse:leanest`, `paradyse:smoothed`, `exact` (label search), `dp`, `milp`); optimal: proven optimal for the
     table's objective; search_s: wall seconds the search took; info: method details.
     """
 

@@ -29,7 +29,8 @@ from jax import lax
 
 from sharding.ops import blocks
 from sharding.ops.blocks import BlockSpec
-from sharding.ops.online_softmax import attend_block, block_grads, compute_delta, finish, init_carry
+from sharding.ops.ordering import after, tie_leaves
+from sharding.ops.online_softmax import _tie, _varying_axes, attend_block, block_grads, compute_delta, finish, init_carry
 
 _F32 = jnp.float32
 BROADCASTS = ("psum", "ring")
@@ -83,10 +84,11 @@ def shift(tree, ring: Ring):
 
 def pipeline(n: int, first, fetch, compute, state):
     """state = compute(t, block_t, state) for t < n, where block_{t+1} = fetch(t, block_t) is
-    issued before compute(t) (so its transfer overlaps it) and nothing is fetched after the last."""
+    issued before compute(t) (so its transfer overlaps it) and nothing is fetched after the last.
+    On XLA:CPU compute(t) waits for the fetch (`sharding.ops.ordering`)."""
     def step(carry, t):
         block, state = carry
-        upcoming = fetch(t, block)
+        upcoming, block = tie_leaves(fetch(t, block), block)
         return (upcoming, compute(t, block, state)), None
 
     (block, state), _ = lax.scan(step, (first, state), jnp.arange(n - 1))
@@ -108,7 +110,7 @@ def ring_backward(ring: Ring, compute, block, state):
 
     def step(carry, _):
         block, grad, state = carry
-        upcoming, grad = shift(block, ring), shift(grad, ring)  # next block; this block's grad so far
+        upcoming, grad = shift((block, grad), ring)  # next block; this block's grad so far (one collective)
         state, g = compute(block, state)
         return (upcoming, _add(grad, g), state), None
 
@@ -156,6 +158,7 @@ def _metp_mlp_bwd(spec, ring, res, dz):
     dx, (dw_in, dw_out) = ring_backward(ring, compute, w, _zeros(x))
     if ring.batch_axes:
         dw_in, dw_out = lax.psum((dw_in, dw_out), ring.batch_axes)
+    dx = after(dx, (dw_in, dw_out))  # the attention's backward collectives after the blocks' last hop
     return dx.astype(x.dtype), dw_in.astype(w_in.dtype), dw_out.astype(w_out.dtype)
 
 
@@ -187,6 +190,9 @@ def ring_attention_forward(q, k, v, seg, idx, ring: Ring, tile: Optional[int]):
 def ring_attention_backward(q, k, v, seg, idx, out, lse, dout, ring: Ring, tile: Optional[int]):
     """float32 (dq, dk, dv): the K/V ring again, dK/dV travelling with their blocks."""
     delta = compute_delta(out, dout)
+    # the ids' ring hops depend on dout: not hoisted out of the layer loop, where nothing orders
+    # them with the other collectives (sharding.ops.ordering)
+    seg, idx = _tie((seg, idx), dout, _varying_axes(dout, seg, idx))
 
     def grads(kv, dq):
         kb, vb, kseg, kidx = kv

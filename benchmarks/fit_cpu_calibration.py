@@ -1,0 +1,45 @@
+"""Fit the shipped CPU calibration (costmodel/calibrations/cpu.json) on 8 simulated devices.
+
+`parallel.plan: auto` on CPU prices plans with the calibration fitted in WORKDIR/costmodel when
+there is one, else with this one: the time model's device rates fitted to real layer programs of
+a small model (every strategy, lengths 64..2048) timed on this machine, and the shipped memory
+coefficients. Usage: python benchmarks/fit_cpu_calibration.py [--out FILE] [--repeats N]
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
+                      "--xla_disable_hlo_passes=cse_barrier_expander")
+
+from costmodel.profile import DEFAULT_CALIBRATION, profile  # noqa: E402
+from sharding.mesh import build_mesh  # noqa: E402
+from sharding.ops.blocks import BlockSpec  # noqa: E402
+
+SPEC = BlockSpec(n_heads=8, head_dim=16, d_model=128, d_ff=384, attention_block=128)
+LENGTHS = (64, 128, 256, 512, 1024, 2048)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=DEFAULT_CALIBRATION)
+    ap.add_argument("--repeats", type=int, default=4)
+    args = ap.parse_args(argv)
+    mesh = build_mesh({"data": 8})
+    strategies = ("dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp")
+    cal = profile(mesh, SPEC, LENGTHS, batch=8, strategies=strategies, repeats=args.repeats, reuse=False,
+                  progress=lambda s: print(f"  s={s.shape.seq_len:5d} {s.strategy:8s} {s.seconds * 1e3:8.2f} ms",
+                                           flush=True))
+    cal.meta.pop("samples", None)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(cal.to_json(), fh, indent=1, sort_keys=True)
+    fit = cal.meta["fit"]
+    print(f"wrote {args.out}: fit median rel. error {fit['median_rel_err']:.3f}, max {fit['max_rel_err']:.3f} "
+          f"({fit['n_samples']} programs)")
+
+
+if __name__ == "__main__":
+    main()

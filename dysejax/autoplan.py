@@ -1,0 +1,149 @@
+"""`parallel.plan: auto`: plans per bucket from the cost model, ranked for the program cache.
+
+For each bucket (length s, batch b) the cost table of every feasible strategy x remat policy
+(`costmodel.table.cost_table`) is searched for the fastest per-layer plan within the memory
+budget (`costmodel.search.exact_plan`, the DP optimum). The program cache then compiles the
+candidates in order and keeps the first whose XLA figure fits, so the candidates are: the
+optimum, the optimum under tighter budgets (a prediction that is too low for the first one is
+caught by the next), and the leanest plan last.
+
+The figures are predictions for `parallel.hardware`: the devices here (a GPU by its profile;
+on CPU the calibration `costmodel.profile` fitted in WORKDIR/costmodel, else the shipped one)
+or a named GPU profile, to plan a cluster that is not here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from costmodel.hardware import PROFILES
+from costmodel.search import exact_plan
+from costmodel.search.exact import min_bytes_plan
+from costmodel.search._common import arrays, make_result
+from costmodel.table import CostTable, cost_table
+from dysejax.errors import ConfigError
+from sharding.plan import Plan, Run
+
+# Budget fractions the fallback candidates are searched under (after the full budget).
+FALLBACK_FRACTIONS = (0.9, 0.8, 0.65, 0.5)
+OPTIMIZER_SLOTS = {"adamw": 2, "adam": 2, "adabelief": 2, "adam3": 2, "sgdm": 1}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """What the search chose for one bucket, with the model's predictions (per device)."""
+
+    seq_len: int
+    batch_size: int
+    plan: Plan
+    predicted_bytes: int
+    predicted_step_s: float
+    fits: bool
+    candidates: tuple[Plan, ...]
+    method: str
+
+
+def check_hardware(name: str) -> str:
+    """`parallel.hardware`, lower-cased, if it is `auto` or a known profile; else ConfigError."""
+    key = str(name).lower()
+    if key != "auto" and key not in PROFILES:
+        raise ConfigError(f"parallel.hardware: unknown {name!r}: use auto or one of {', '.join(PROFILES)}")
+    return key
+
+
+def resolve_hardware(name: str, mesh, calibration_dir: Optional[str]):
+    """What `cost_table` prices with: a profile name, or a fitted `Calibration` (CPU)."""
+    from costmodel.profile import default_calibration, device_kind_of, load_calibration
+
+    key = check_hardware(name)
+    if key in PROFILES:
+        return key
+    device = mesh.devices.flat[0]
+    if device.platform == "gpu":
+        kind = device.device_kind.lower()
+        for profile in PROFILES:
+            if profile.split("-")[0] in kind:
+                return profile
+        return "h100"
+    mesh_shape = {a: int(n) for a, n in mesh.shape.items()}
+    kind = device_kind_of(mesh)
+    cal = load_calibration(calibration_dir, kind, mesh_shape) if calibration_dir else None
+    return cal or default_calibration()
+
+
+def calibrate_here(calibration, mesh, spec, shapes, directory: str, log=print):
+    """`calibration` with memory corrections fitted for this model on the devices here
+    (`costmodel.profile.calibrate_memory_for`, cached in `directory`)."""
+    import time
+
+    from costmodel.profile import calibrate_memory_for, with_memory
+    t0 = time.perf_counter()
+    coefficients = calibrate_memory_for(mesh, spec, shapes, directory)
+    if time.perf_counter() - t0 > 1.0:
+        log(f"cost model: fitted this model's memory to XLA at {sorted(s for _, s in shapes)} in "
+            f"{time.perf_counter() - t0:.0f} s (cached in {directory})")
+    return with_memory(calibration, coefficients)
+
+
+class AutoPlanner:
+    """Ranked plans per bucket for one model, mesh shape, hardware and per-device budget."""
+
+    def __init__(self, spec, mesh_shape: dict, n_layers: int, vocab: int, hardware, budget: Optional[int],
+                 param_dtype: str = "float32", optimizer: str = "adamw", default_remat: str = "none"):
+        self.default_remat = default_remat  # runs under the model's default policy are written without one
+        self.spec, self.mesh_shape, self.n_layers, self.vocab = spec, dict(mesh_shape), n_layers, vocab
+        self.hardware, self.budget = hardware, budget
+        self.param_bytes = DTYPE_BYTES[param_dtype]
+        self.optimizer_slots = OPTIMIZER_SLOTS.get(optimizer, 2)
+        self._cache: dict[tuple[int, int], BucketPlan] = {}
+
+    def table(self, seq_len: int, batch_size: int, choices=None) -> CostTable:
+        """The cost table of this bucket (every feasible strategy x remat policy by default)."""
+        return cost_table(self.spec, self.mesh_shape, batch_size, seq_len, self.n_layers, self.vocab,
+                          param_bytes=self.param_bytes, optimizer_slots=self.optimizer_slots,
+                          hardware=self.hardware, choices=choices)
+
+    def plan(self, seq_len: int, batch_size: int) -> BucketPlan:
+        """The chosen plan of a bucket and its fallbacks (cached per shape)."""
+        key = (seq_len, batch_size)
+        if key not in self._cache:
+            self._cache[key] = self._search(seq_len, batch_size)
+        return self._cache[key]
+
+    def written(self, plan: Plan) -> Plan:
+        """`plan` with runs under the model's default remat policy written without one."""
+        return Plan(tuple(Run(r.strategy, r.n_layers, None if r.remat == self.default_remat else r.remat)
+                          for r in plan.runs))
+
+    def predict(self, seq_len: int, batch_size: int, plan: Plan) -> tuple[int, float]:
+        """(bytes, seconds) the model predicts for any plan of this bucket."""
+        from costmodel.table import Choice
+        per_layer = [Choice(r.strategy, r.remat or self.default_remat) for r in plan.runs for _ in range(r.n_layers)]
+        choices = tuple(dict.fromkeys(per_layer))
+        table = self.table(seq_len, batch_size, choices)
+        idx = [choices.index(c) for c in per_layer]
+        return table.plan_bytes_backward(idx), table.plan_time(idx)
+
+    def _search(self, seq_len: int, batch_size: int) -> BucketPlan:
+        table = self.table(seq_len, batch_size)
+        if self.budget is not None:
+            budget = float(self.budget)
+        else:  # no limit: a budget every plan of this table meets
+            budget = float(table.base_bytes + table.n_layers * table.layer_stored_bytes.max()
+                           + table.layer_peak_bytes.max() + table.switch_bytes.max())
+        best = exact_plan(table, budget)
+        ranked = [best]
+        if best.fits:
+            ranked += [exact_plan(table, budget * f) for f in FALLBACK_FRACTIONS]
+        a = arrays(table)
+        ranked.append(make_result(table, a, min_bytes_plan(a), budget, "leanest"))
+        plans = [self.written(r.plan()) for r in ranked]
+        candidates = list({p.id: p for p, r in zip(plans, ranked) if r.fits or r is ranked[-1]}.values())
+        if not best.fits:  # the closest plan: the one needing the fewest bytes
+            best = ranked[-1]
+            candidates = [plans[-1]]
+        return BucketPlan(seq_len=seq_len, batch_size=batch_size, plan=candidates[0],
+                          predicted_bytes=table.plan_bytes_backward(best.per_layer),
+                          predicted_step_s=best.time_s, fits=best.fits, candidates=tuple(candidates),
+                          method=best.method)

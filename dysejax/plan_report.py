@@ -1,0 +1,128 @@
+"""The plan report (`train.py --plan`): per bucket, the plan that runs it and what the cost model
+predicts for it, without compiling or training; and a PNG of predicted time and memory vs
+length for every strategy, with the chosen plans and the budget line.
+
+All figures are model predictions for `parallel.hardware`, per device.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from costmodel.memory import feasible_strategies
+
+JSON_KEYS = ("devices", "memory_budget_bytes", "buckets")
+
+
+def plan_report(trainer) -> dict:
+    """`{"devices", "memory_budget_bytes", "hardware", "buckets": [...]}` for a Trainer's config.
+
+    Buckets whose entry is `auto` report the search's choice (fits: the prediction is within the
+    budget; when nothing fits, the closest plan with fits false); the others report their
+    written plan's predictions. When the devices are here and there is a budget, each bucket's
+    plan is also verified as training would: its candidates are compiled in order (abstract
+    inputs, nothing runs) and the first within the budget by XLA's figure is reported, with
+    `xla_bytes`, and fits by that figure."""
+    from dysejax.errors import PlanError
+
+    planner = trainer.planner
+    budget = planner.budget
+    verify = budget is not None and not isinstance(planner.hardware, str)
+    rows = []
+    for bucket in trainer.data.buckets:
+        batch = trainer.data.batch_size(bucket)
+        auto = bucket in trainer.plans.auto_buckets
+        candidates = trainer.plans.candidates(bucket)
+        plan, xla = candidates[0], None
+        if verify:
+            try:
+                program = trainer.programs.select("train", bucket, batch, candidates, budget)
+            except PlanError:
+                program = trainer.programs.get("train", bucket, batch, candidates[-1])
+            plan, xla = program.plan, program.bytes_per_device
+        nbytes, seconds = planner.predict(bucket, batch, plan)
+        if xla is not None:
+            fits = xla <= budget
+        elif auto:  # the search's verdict (its byte bound is the conservative forward one)
+            fits = planner.plan(bucket, batch).fits
+        else:
+            fits = budget is None or nbytes <= budget
+        row = {"seq_len": bucket, "batch_size": batch, "plan": plan.as_data(), "predicted_bytes": int(nbytes),
+               "predicted_step_s": float(seconds), "fits": bool(fits), "plan_id": plan.id, "auto": auto}
+        if xla is not None:
+            row["xla_bytes"] = int(xla)
+        rows.append(row)
+    return {"devices": int(trainer.n_devices), "memory_budget_bytes": None if budget is None else int(budget),
+            "hardware": _hardware_name(planner.hardware), "verified_by_xla": verify, "buckets": rows}
+
+
+def _hardware_name(hardware) -> str:
+    return hardware if isinstance(hardware, str) else f"calibration {hardware.device_kind}"
+
+
+def format_report(report: dict) -> str:
+    """The report as a table (one line per bucket)."""
+    budget = report["memory_budget_bytes"]
+    lines = [f"plan report: {report['devices']} devices, budget "
+             f"{'unlimited' if budget is None else f'{budget / 2**30:.3f} GiB'}/device, predictions for "
+             f"{report['hardware']}",
+             f"{'length':>8} {'batch':>6}  {'plan':<34} {'GiB/device':>11} {'XLA GiB':>9} {'step (ms)':>10}  fits"]
+    for r in report["buckets"]:
+        plan = r["plan_id"] + (" (auto)" if r["auto"] else "")
+        xla = f"{r['xla_bytes'] / 2**30:>9.4f}" if "xla_bytes" in r else f"{'-':>9}"
+        lines.append(f"{r['seq_len']:>8} {r['batch_size']:>6}  {plan:<34} {r['predicted_bytes'] / 2**30:>11.4f} "
+                     f"{xla} {r['predicted_step_s'] * 1e3:>10.3f}  {'yes' if r['fits'] else 'NO'}")
+    return "\n".join(lines)
+
+
+def strategy_curves(trainer, lengths) -> dict:
+    """{strategy: [(length, bytes, seconds) ...]} of every strategy's uniform plan (model default
+    remat) at `lengths`, with the batch the data pipeline gives each length."""
+    from sharding.plan import Plan, Run
+
+    planner = trainer.planner
+    curves: dict[str, list] = {}
+    mesh_shape = dict(trainer.mesh.shape)
+    for s in lengths:
+        batch = trainer.data.batch_size(s)
+        for name in feasible_strategies(trainer.spec, mesh_shape, batch, s):
+            nbytes, seconds = planner.predict(s, batch, Plan((Run(name, trainer.config.model.n_layers),)))
+            curves.setdefault(name, []).append((s, nbytes, seconds))
+    return curves
+
+
+def write_plot(trainer, report: dict, path: str) -> Optional[str]:
+    """Write the PNG; returns None (and writes nothing) when matplotlib is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    buckets = [r["seq_len"] for r in report["buckets"]]
+    lo, hi = min(buckets), max(buckets)
+    n = max(2, int(round(4 * math.log2(hi / lo))) + 1) if hi > lo else 1
+    lengths = sorted({int(round(lo * (hi / lo) ** (i / max(1, n - 1)))) for i in range(n)} | set(buckets))
+    curves = strategy_curves(trainer, lengths)
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, pts in sorted(curves.items()):
+        xs, bs, ts = zip(*pts)
+        ax_t.plot(xs, [t * 1e3 for t in ts], marker=".", label=name)
+        ax_m.plot(xs, [b / 2**30 for b in bs], marker=".", label=name)
+    xs = buckets
+    ax_t.plot(xs, [r["predicted_step_s"] * 1e3 for r in report["buckets"]], "k*", ms=12, label="chosen plan")
+    ax_m.plot(xs, [r["predicted_bytes"] / 2**30 for r in report["buckets"]], "k*", ms=12, label="chosen plan")
+    if report["memory_budget_bytes"] is not None:
+        ax_m.axhline(report["memory_budget_bytes"] / 2**30, color="r", ls="--", label="budget")
+    for ax, label in ((ax_t, "predicted step time (ms)"), (ax_m, "predicted GiB per device")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length (bucket)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_m.legend(fontsize=8)
+    fig.suptitle(f"model predictions for {report['hardware']}, {report['devices']} devices")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,121 @@
+"""parallel.plan=auto and the plan report: the search's plans checked against XLA's own figures."""
+import json
+
+import pytest
+
+import train
+from tests.conftest import FAST, TINY
+
+# Three buckets, so that a tight budget can separate short from long ones.
+AUTO = ["parallel.plan=auto", "data.buckets=[64,128,256]", "data.long_policy=split"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_calibration(tmp_path_factory):
+    """One memory calibration of the tiny model for the whole module (it compiles ~30 programs)."""
+    AUTO.append(f"parallel.costmodel_dir={tmp_path_factory.mktemp('costmodel')}")
+    yield
+    AUTO.pop()
+
+
+def report_of(capsys, tmp_path, *extra):
+    rc = train.main(["--config", TINY, "--workdir", str(tmp_path / "run"), "--plan", "--json",
+                     "--set", *FAST, *AUTO, *extra])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    return json.loads(out.out)
+
+
+def test_plan_json_schema_and_unlimited_budget(capsys, tmp_path):
+    rep = report_of(capsys, tmp_path)
+    assert rep["devices"] == 8 and rep["memory_budget_bytes"] is None
+    assert [b["seq_len"] for b in rep["buckets"]] == [64, 128, 256]
+    for b in rep["buckets"]:
+        assert isinstance(b["batch_size"], int) and b["fits"] is True
+        assert isinstance(b["predicted_bytes"], int) and b["predicted_step_s"] > 0
+        assert sum(run[1] for run in b["plan"]) == 2 and all(isinstance(run[0], str) for run in b["plan"])
+    assert (tmp_path / "run" / "plan.png").stat().st_size > 10_000
+
+
+def _trainer(tmp_path, *extra):
+    import dysejax
+    cfg = dysejax.load_config(TINY, FAST + AUTO + list(extra))
+    return dysejax.Trainer(cfg, workdir=str(tmp_path / "run"), verbose=False)
+
+
+def test_fitting_plans_compile_within_budget_and_match_prediction(capsys, tmp_path):
+    # a budget between the leanest and the fastest plans' needs at the longest bucket
+    free = report_of(capsys, tmp_path)
+    budget_gb = 0.7 * free["buckets"][-1]["predicted_bytes"] / 2**30
+    rep = report_of(capsys, tmp_path, f"parallel.memory_budget_gb={budget_gb}")
+    trainer = _trainer(tmp_path, f"parallel.memory_budget_gb={budget_gb}")
+    plans = {b["seq_len"]: b for b in rep["buckets"]}
+    assert all(b["fits"] for b in rep["buckets"])
+    for s, b in plans.items():
+        program = trainer.programs.get("train", s, b["batch_size"], trainer.parse_plan(b["plan"]))
+        xla = program.bytes_per_device
+        assert xla <= rep["memory_budget_bytes"], (s, b["plan"], xla)
+        assert abs(b["predicted_bytes"] - xla) / xla < 0.10, (s, b["plan"], b["predicted_bytes"], xla)
+    # under the tight budget the short bucket keeps a faster plan than the long one needs
+    short, long_ = plans[64], plans[256]
+    assert short["plan"] != long_["plan"]
+    planner, bs = trainer.planner, short["batch_size"]
+    t_short = planner.predict(64, bs, trainer.parse_plan(short["plan"]))[1]
+    t_long_plan = planner.predict(64, bs, trainer.parse_plan(long_["plan"]))[1]
+    assert t_short < t_long_plan
+
+
+def test_no_plan_fits_is_reported_for_plan_and_an_error_for_training(capsys, tmp_path):
+    rep = report_of(capsys, tmp_path, "parallel.memory_budget_gb=0.00001")
+    assert not any(b["fits"] for b in rep["buckets"])
+    rc = train.main(["--config", TINY, "--workdir", str(tmp_path / "t"), "--set", *FAST, *AUTO,
+                     "parallel.memory_budget_gb=0.00001", "train.steps=2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: bucket 64") and "no plan fits the memory budget" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "t" / "checkpoints").exists() or not any((tmp_path / "t" / "checkpoints").iterdir())
+
+
+def test_auto_falls_back_when_xla_says_over_budget(tmp_path, monkeypatch):
+    """The first candidate's prediction is wrong (it is over budget by XLA's figure): the next runs."""
+    from dysejax import autoplan
+    from sharding.plan import Plan, Run
+
+    original = autoplan.AutoPlanner._search
+
+    def wrong_first(self, seq_len, batch_size):
+        bp = original(self, seq_len, batch_size)
+        return autoplan.BucketPlan(**{**bp.__dict__, "candidates": (Plan((Run("tp", 2),)),) + bp.candidates})
+    monkeypatch.setattr(autoplan.AutoPlanner, "_search", wrong_first)
+    gpu = "parallel.hardware=a100-80gb"  # priced for a GPU profile: no calibration needed here
+    probe = _trainer(tmp_path, gpu)
+    tp_bytes = probe.programs.get("train", 64, probe.data.batch_size(64), probe.parse_plan("tp")).bytes_per_device
+    trainer = _trainer(tmp_path, gpu, f"parallel.memory_budget_gb={0.95 * tp_bytes / 2**30}", "data.buckets=[64]")
+    trainer.warmup()
+    program = trainer.program_for("train", 64, trainer.data.batch_size(64))
+    assert program.plan.id != "tp" and program.bytes_per_device <= trainer.budget
+    rows = trainer.fit(2)
+    assert [r["plan"] for r in rows] == [program.plan.id] * 2 and rows[-1]["compiles_after_warmup"] == 0
+
+
+def test_written_plans_are_reported_with_predictions(capsys, tmp_path):
+    rep = report_of(capsys, tmp_path, "parallel.plan={64: dp, default: [[tp_sp, 1], [metp, 1, full]]}")
+    by = {b["seq_len"]: b for b in rep["buckets"]}
+    assert by[64]["plan"] == [["dp", 2]] and by[128]["plan"] == [["tp_sp", 1], ["metp", 1, "full"]]
+    assert not by[64]["auto"] and by[128]["predicted_bytes"] > 0
+
+
+def test_unknown_hardware_is_a_config_error(capsys, tmp_path):
+    rc = train.main(["--config", TINY, "--workdir", str(tmp_path), "--plan", "--set", *FAST, *AUTO,
+                     "parallel.hardware=tpu-v9"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: parallel.hardware: unknown 'tpu-v9': use auto or one of a100-80gb")
+    assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("hardware", ["a100-80gb", "h200"])
+def test_planning_a_gpu_from_here_uses_its_memory_as_budget(capsys, tmp_path, hardware):
+    from costmodel.hardware import PROFILES
+    rep = report_of(capsys, tmp_path, f"parallel.hardware={hardware}")
+    assert rep["memory_budget_bytes"] == PROFILES[hardware].memory_bytes
+    assert rep["hardware"] == hardware and all(b["fits"] for b in rep["buckets"])

@@ -1,0 +1,136 @@
+"""Pipeline parallelism: loss and gradients vs the single-device reference, training and resume
+vs `dp`, and the configuration errors."""
+import functools
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+import dysejax
+from dysejax.model.transformer import Transformer, block_spec, init_params
+from dysejax.state import logical_axes
+from dysejax.step import loss_sums
+from sharding.layout import StorageLayout
+from sharding.mesh import build_mesh
+from sharding.pipeline import Pipeline, PipelineError
+from sharding.plan import parse_plan
+from sharding.strategies import STRATEGIES
+from tests.conftest import TINY
+from tests.reference import model_config, packed_batch, relative_error
+
+LAYERS, BATCH, SEQ = 4, 16, 96
+
+
+def _step(plan, mesh, cfg, params, batch, pipeline=None):
+    """(mean loss, grads) of one step, params in the storage layout of `mesh`."""
+    layout = StorageLayout(mesh)
+    boxed = init_params(cfg, jax.random.key(0))
+    shardings = jax.tree.map(lambda names, p: layout.sharding(names, p.shape), logical_axes(boxed),
+                             nn.unbox(boxed), is_leaf=lambda x: isinstance(x, tuple))
+    params = jax.device_put(params, shardings)
+
+    def loss(p, b):
+        total, count = loss_sums(Transformer(cfg), plan, mesh, p, b, pipeline)
+        return total / count
+
+    value, grads = jax.jit(jax.value_and_grad(loss), out_shardings=(None, shardings))(params, batch)
+    return float(value), jax.tree.map(np.asarray, grads)
+
+
+@functools.lru_cache(maxsize=None)
+def _reference():
+    cfg = model_config(f"model.n_layers={LAYERS}")
+    params = jax.tree.map(np.asarray, nn.unbox(init_params(cfg, jax.random.key(0))))
+    data = packed_batch(BATCH, SEQ)
+    loss, grads = _step(parse_plan("dp", LAYERS, list(STRATEGIES)), build_mesh({"data": 1}, jax.devices()[:1]),
+                        cfg, params, data)
+    return cfg, params, data, loss, grads
+
+
+def check_pipeline(pipeline: Pipeline, mesh_axes: dict, plan: str = "dp", rtol: float = 1e-5):
+    """Assert a pipelined step's loss and gradients equal the single-device reference."""
+    cfg, params, data, ref_loss, ref_grads = _reference()
+    plan = parse_plan(plan, LAYERS, list(STRATEGIES))
+    loss, grads = _step(plan, build_mesh(mesh_axes), cfg, params, data, pipeline)
+    what = f"{pipeline} on {mesh_axes}, plan {plan.id}"
+    assert abs(loss - ref_loss) <= rtol * abs(ref_loss), (what, loss, ref_loss)
+    for (path, g), r in zip(jax.tree_util.tree_flatten_with_path(grads)[0], jax.tree.leaves(ref_grads)):
+        err = relative_error(g, r)
+        assert err <= rtol, f"{what}: grad {jax.tree_util.keystr(path)} rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("partition", [(), (3, 1)])
+def test_pipeline_matches_reference(schedule, partition):
+    check_pipeline(Pipeline(2, 4, schedule, partition), {"stage": 2, "data": 4})
+
+
+def test_fsdp_inside_stages_with_remat_and_m_equal_to_p():
+    check_pipeline(Pipeline(2, 2, "1f1b", (1, 3)), {"stage": 2, "data": 4}, [["fsdp", LAYERS, "full"]])
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_tp_sp_inside_stages(schedule):
+    check_pipeline(Pipeline(2, 2, schedule), {"stage": 2, "data": 2, "model": 2}, "tp_sp")
+
+
+def test_trainer_pipeline_trains_and_resumes_like_dp(tiny_config, tmp_path):
+    # Same batches as dp (micro-batches x in-stage devices = 8 = the batch multiple of dp).
+    common = ["model.n_layers=3", "data.buckets=[64]", "train.eval_every=2", "train.checkpoint_every=2"]
+    dp = dysejax.Trainer(tiny_config(*common), workdir=str(tmp_path / "dp")).fit(steps=3)
+    pipe = common + ["parallel.pipeline.stages=2", "parallel.pipeline.microbatches=2",
+                     "parallel.pipeline.schedule=1f1b", "parallel.pipeline.partition=[2, 1]"]
+    trainer = dysejax.Trainer(tiny_config(*pipe), workdir=str(tmp_path / "pp"))
+    assert dict(trainer.mesh.shape) == {"stage": 2, "data": 4}
+    first = trainer.fit(steps=2)
+    rest = dysejax.Trainer(tiny_config(*pipe), workdir=str(tmp_path / "pp")).fit(steps=3)  # resumes at 2
+    assert [r["step"] for r in rest] == [3]
+    rows = first + rest
+    assert [r["batch_size"] for r in rows] == [r["batch_size"] for r in dp]
+    np.testing.assert_allclose([r["loss"] for r in rows], [r["loss"] for r in dp], rtol=1e-5)
+    np.testing.assert_allclose(rows[1]["eval_loss"], dp[1]["eval_loss"], rtol=1e-5)
+
+
+def test_1f1b_needs_less_memory_than_gpipe_for_more_microbatches_than_stages(tiny_config, tmp_path):
+    temp = {}
+    for schedule in ("gpipe", "1f1b"):
+        config = tiny_config("parallel.pipeline.stages=2", "parallel.pipeline.microbatches=8", "data.buckets=[64]",
+                             "data.tokens_per_batch=4096", f"parallel.pipeline.schedule={schedule}")
+        compiled = dysejax.Trainer(config, workdir=str(tmp_path / schedule)).compile(64)
+        assert "collective-permute" in compiled.as_text()  # micro-batches travel between stages
+        temp[schedule] = compiled.memory_analysis().temp_size_in_bytes
+    assert temp["1f1b"] < 0.7 * temp["gpipe"], temp
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["parallel.pipeline.partition=[2, 1]"], r"pipeline\.partition \[2, 1\] sums to 3 but model\.n_layers is 2"),
+    (["parallel.pipeline.partition=[2]"], r"pipeline\.partition has 1 entries but parallel\.pipeline\.stages is 2"),
+    (["parallel.pipeline.schedule=zb"], r"pipeline\.schedule: expected one of 'gpipe' \| '1f1b', got 'zb'"),
+    (["parallel.mesh={stage: 4, data: 2}"], r"mesh\.stage \(4\) must equal parallel\.pipeline\.stages \(2\)"),
+    (["parallel.pipeline.stages=3"], r"pipeline\.stages \(3\) exceeds model\.n_layers \(2\)"),
+])
+def test_config_errors(overrides, message):
+    with pytest.raises(dysejax.ConfigError, match=message):
+        dysejax.load_config(TINY, ["parallel.pipeline.stages=2"] + overrides)
+
+
+def test_microbatches_need_a_pipeline():
+    with pytest.raises(dysejax.ConfigError, match=r"microbatches and \.partition need parallel\.pipeline\.stages > 1"):
+        dysejax.load_config(TINY, ["parallel.pipeline.microbatches=4"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.n_layers=3", "parallel.pipeline.stages=3"], r"pipeline\.stages \(3\) does not divide the 8 devices"),
+    (["parallel.pipeline.stages=2", "parallel.mesh={data: 8}"], r"mesh \{'data': 8\} must cover the 4 devices of one"),
+    (["parallel.pipeline.stages=2", "parallel.plan=ring"], r"a pipelined plan runs one strategy \(dp, fsdp, tp_sp\)"),
+])
+def test_trainer_config_errors(tiny_config, tmp_path, overrides, message):
+    with pytest.raises(dysejax.ConfigError, match=message):
+        dysejax.Trainer(tiny_config(*overrides), workdir=str(tmp_path))
+
+
+def test_microbatches_must_divide_the_batch():
+    plan = parse_plan("dp", LAYERS, list(STRATEGIES))
+    with pytest.raises(PipelineError, match=r"microbatches \(4\) x the in-stage batch split \(4\) must divide"):
+        Pipeline(2, 4).check(plan, block_spec(model_config()), build_mesh({"stage": 2, "data": 4}), 8, 64)
