@@ -115,3 +115,25 @@ def leanest_uniform(a: TableArrays) -> int:
     nbytes = a.L * a.w + a.pk
     order = np.lexsort((a.t, nbytes))
     return int(order[0])
+
+
+class ConstraintRows:
+    """Sparse rows lb <= sum_i v_i x_{c_i} <= ub, built one at a time for `scipy.optimize.milp`."""
+
+    def __init__(self):
+        self.rows, self.cols, self.vals, self.lo, self.hi = [], [], [], [], []
+
+    def add(self, cols: Sequence[int], vals: Sequence[float], lb: float, ub: float) -> None:
+        r = len(self.lo)
+        self.rows.extend([r] * len(cols))
+        self.cols.extend(cols)
+        self.vals.extend(vals)
+        self.lo.append(lb)
+        self.hi.append(ub)
+
+    def constraint(self, n_vars: int):
+        """The rows as one `scipy.optimize.LinearConstraint` over `n_vars` variables."""
+        from scipy.optimize import LinearConstraint
+        from scipy.sparse import coo_matrix
+        A = coo_matrix((self.vals, (self.rows, self.cols)), shape=(len(self.lo), n_vars)).tocsr()
+        return LinearConstraint(A, self.lo, self.hi)

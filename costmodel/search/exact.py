@@ -76,7 +76,8 @@ from typing import Optional
 
 import numpy as np
 
-from costmodel.search._common import SearchResult, TableArrays, arrays, evaluate, leanest_uniform, make_result
+from costmodel.search._common import (ConstraintRows, SearchResult, TableArrays, arrays, evaluate, leanest_uniform,
+                                      make_result)
 
 __all__ = ["exact_plan", "milp_plan", "prune_exact", "min_bytes_plan"]
 
@@ -841,8 +842,7 @@ class _SubTable:
 def milp_plan(table, budget_bytes: float, *, prune: bool = False, compress: bool = True,
               time_limit: float = 120.0, mip_rel_gap: float = 1e-9) -> SearchResult:
     """The same optimum by `scipy.optimize.milp` (flow formulation; see module doc)."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import coo_matrix
+    from scipy.optimize import Bounds, milp
 
     t0 = _time.perf_counter()
     full = arrays(table)
@@ -875,17 +875,8 @@ def milp_plan(table, budget_bytes: float, *, prune: bool = False, compress: bool
     c[:nx] = np.tile(t / tscale, L)
     for l in range(L - 1):
         c[Y(l, 0, 0):Y(l, 0, 0) + R * K] = (swt[rep] / tscale).ravel()
-    rows, cols, vals, lo, hi = [], [], [], [], []
-    r = 0
-
-    def add(cs, vs, lb, ub):
-        nonlocal r
-        rows.extend([r] * len(cs))
-        cols.extend(cs)
-        vals.extend(vs)
-        lo.append(lb)
-        hi.append(ub)
-        r += 1
+    rows = ConstraintRows()
+    add = rows.add
 
     for l in range(L):
         add([X(l, i) for i in range(K)], [1.0] * K, 1.0, 1.0)
@@ -903,13 +894,12 @@ def milp_plan(table, budget_bytes: float, *, prune: bool = False, compress: bool
     # memory
     add(list(range(nx)) + [nz], list(np.tile(w / bscale, L)) + [1.0], -_INF,
         (float(budget_bytes) - full.base_b) / bscale)
-    A = coo_matrix((vals, (rows, cols)), shape=(r, nv)).tocsr()
     integrality = np.zeros(nv)
     integrality[:nx] = 1
-    res = milp(c, constraints=LinearConstraint(A, lo, hi), integrality=integrality,
+    res = milp(c, constraints=rows.constraint(nv), integrality=integrality,
                bounds=Bounds(np.zeros(nv), np.concatenate([np.ones(nz), [_INF]])),
                options={"time_limit": time_limit, "mip_rel_gap": mip_rel_gap, "presolve": True})
-    info = {"status": int(res.status), "message": str(res.message), "variables": int(nv), "constraints": int(r)}
+    info = {"status": int(res.status), "message": str(res.message), "variables": int(nv), "constraints": len(rows.lo)}
     if res.x is None:
         plan = min_bytes_plan(full)
         return make_result(table, full, plan, budget_bytes, "milp", optimal=res.status == 2,

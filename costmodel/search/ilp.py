@@ -57,6 +57,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from costmodel.hardware import DeviceProfile, get_profile
+from costmodel.search._common import ConstraintRows
 
 __all__ = ["ModelShape", "Workload", "Cluster", "Strategy", "OpCost", "INTRA", "INTER", "op_cost", "valid",
            "edge_units", "plan_cost", "megatron_plan", "min_redundancy_plan", "RedundancyResult", "strategies_for"]
@@ -369,8 +370,7 @@ class RedundancyResult:
 
 def _solve_ilp(model, wl, cl, strategies, objective: str, time_budget: Optional[float],
                memory_limit: Optional[float], time_limit: float = 60.0):
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import coo_matrix
+    from scipy.optimize import Bounds, milp
 
     ops = op_sequence(model)
     kinds = sorted(set(ops))
@@ -401,17 +401,8 @@ def _solve_ilp(model, wl, cl, strategies, objective: str, time_budget: Optional[
     for o in range(O - 1):
         t_coef[nx + o * U * U: nx + (o + 1) * U * U] = n_micro * E.ravel()
     m_coef[nz] = 2.0**30  # z is in GiB
-    rows, cols, vals, lo, hi = [], [], [], [], []
-    r = 0
-
-    def add(cs, vs, lb, ubv):
-        nonlocal r
-        rows.extend([r] * len(cs))
-        cols.extend(cs)
-        vals.extend(vs)
-        lo.append(lb)
-        hi.append(ubv)
-        r += 1
+    rows = ConstraintRows()
+    add = rows.add
 
     for o in range(O):
         add([o * S + si for si in range(S)], [1.0] * S, 1.0, 1.0)
@@ -431,11 +422,10 @@ def _solve_ilp(model, wl, cl, strategies, objective: str, time_budget: Optional[
     if memory_limit is not None:
         nzc = np.flatnonzero(m_coef)
         add(list(nzc), list(m_coef[nzc] / 2**30), -np.inf, memory_limit / 2**30)
-    A = coo_matrix((vals, (rows, cols)), shape=(r, nv)).tocsr()
     c = (t_coef / tscale) if objective == "time" else (m_coef / 2**30)
     integ = np.zeros(nv)
     integ[:nx] = 1
-    res = milp(c, constraints=LinearConstraint(A, lo, hi), integrality=integ, bounds=Bounds(np.zeros(nv), ub),
+    res = milp(c, constraints=rows.constraint(nv), integrality=integ, bounds=Bounds(np.zeros(nv), ub),
                options={"time_limit": time_limit, "mip_rel_gap": 1e-6})
     if res.x is None:
         return None, str(res.message)

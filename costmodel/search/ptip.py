@@ -48,6 +48,7 @@ import numpy as np
 
 from costmodel.hardware import DeviceProfile, get_profile
 from costmodel.pipeline import fill_drain_time, flowshop_time, in_flight, transfer_time
+from costmodel.search._common import ConstraintRows
 from costmodel.search.ilp import ModelShape
 
 __all__ = ["PipeWorkload", "PipeCluster", "PipeConfig", "PipePlan", "evaluate", "even_split", "megatron_config",
@@ -261,8 +262,7 @@ def candidate_configs(model: ModelShape, wl: PipeWorkload, cl: PipeCluster, micr
 def ptip_plan(model: ModelShape, wl: PipeWorkload, cl: PipeCluster, *, micro_batches=(1, 2, 4),
               zero1: Sequence[bool] = (False,), sp: Sequence[bool] = (False,), time_limit: float = 120.0) -> PipePlan:
     """The fastest (dp, tp, pp, mb[, zero1, sp]) and stage sizes by one MIP (see module doc)."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import coo_matrix
+    from scipy.optimize import Bounds, milp
 
     t0 = _time.perf_counter()
     L = model.n_layers
@@ -276,17 +276,8 @@ def ptip_plan(model: ModelShape, wl: PipeWorkload, cl: PipeCluster, *, micro_bat
     obj = np.zeros(nv)
     lo_b, hi_b = np.zeros(nv), np.full(nv, np.inf)
     integ = np.zeros(nv)
-    rows, cols, vals, lo, hi = [], [], [], [], []
-    r = 0
-
-    def add(cs, vs, lb, ub):
-        nonlocal r
-        rows.extend([r] * len(cs))
-        cols.extend(cs)
-        vals.extend(vs)
-        lo.append(lb)
-        hi.append(ub)
-        r += 1
+    rows = ConstraintRows()
+    add = rows.add
 
     mlim = cl.memory_limit / 2**30
     for c, k0, cf in zip(cfgs, off, co):
@@ -308,8 +299,7 @@ def ptip_plan(model: ModelShape, wl: PipeWorkload, cl: PipeCluster, *, micro_bat
             add([G, v, u], [1.0, -cf.g, -float(cf.de[k])], 0.0, np.inf)  # G >= g n_k + de_k
             add([v, u], [float(cf.al[k]) / 2**30, float(cf.be[k]) / 2**30 - mlim], -np.inf, 0.0)  # memory
     add([k0 for k0 in off], [1.0] * len(off), 1.0, 1.0)
-    A = coo_matrix((vals, (rows, cols)), shape=(r, nv)).tocsr()
-    res = milp(obj, constraints=LinearConstraint(A, lo, hi), integrality=integ, bounds=Bounds(lo_b, hi_b),
+    res = milp(obj, constraints=rows.constraint(nv), integrality=integ, bounds=Bounds(lo_b, hi_b),
                options={"time_limit": time_limit, "mip_rel_gap": 1e-7})
     if res.x is None:
         plan = megatron_config(model, wl, cl)
