@@ -13,7 +13,8 @@ Cluster-level planners (self-contained analytical models, see their module docs)
   * `costmodel.search.ptip` — PTIP: DP x TP x PP degrees and layer -> stage assignment as one MIP.
 """
 from costmodel.search._common import SearchResult
-from costmodel.search.exact import exact_plan, milp_plan, min_bytes_plan, prune_exact
+from costmodel.search.exact import exact_plan, min_bytes_plan, prune_exact
+from costmodel.search.milp import milp_plan
 from costmodel.search.paradyse import ParaDySeSelector, non_dominated, paradyse_plan
 
 __all__ = ["SearchResult", "paradyse_plan", "ParaDySeSelector", "non_dominated", "exact_plan",
