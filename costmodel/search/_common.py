@@ -63,6 +63,25 @@ def evaluate(a: TableArrays, per_layer: Sequence[int]) -> tuple[float, float]:
     return float(time), float(a.base_b + a.w[idx].sum() + tr.max())
 
 
+def subset(a: TableArrays, keep: np.ndarray) -> TableArrays:
+    """The table restricted to the choices `keep` (in that order)."""
+    return TableArrays(t=a.t[keep], w=a.w[keep], pk=a.pk[keep], swt=a.swt[np.ix_(keep, keep)],
+                       swb=a.swb[np.ix_(keep, keep)], L=a.L, base_b=a.base_b, base_t=a.base_t)
+
+
+def plan_transient(a: TableArrays, idx: np.ndarray) -> float:
+    """The largest transient of a per-layer plan (layer 0: its peak; then peak + switch bytes)."""
+    tr = float(a.pk[idx[0]])
+    if idx.size > 1:
+        tr = max(tr, float((a.pk[idx[1:]] + a.swb[idx[:-1], idx[1:]]).max()))
+    return tr
+
+
+def plan_time(a: TableArrays, plan) -> float:
+    """A plan's time without the table's base time."""
+    return evaluate(a, plan)[0] - a.base_t
+
+
 @dataclass(frozen=True)
 class SearchResult:
     """A per-layer plan for one bucket and what the cost table predicts for it.

@@ -18,9 +18,11 @@ import time as _time
 import numpy as np
 
 from costmodel.search._common import ConstraintRows, SearchResult, arrays, make_result
-from costmodel.search.exact import _INF, min_bytes_plan, prune_exact
+from costmodel.search.exact import min_bytes_plan, prune_exact
 
 __all__ = ["milp_plan"]
+
+_INF = np.inf
 
 
 def milp_plan(table, budget_bytes: float, *, prune: bool = False, compress: bool = True,
