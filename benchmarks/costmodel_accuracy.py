@@ -3,7 +3,7 @@
     python benchmarks/costmodel_accuracy.py [--quick] [--json OUT] [--cache DIR] [--write-coefficients]
 
 Memory (compiled only, nothing executed): per-strategy feature multipliers are fitted
-(`costmodel.memory.fit_coefficients`) on XLA's per-device figures for a layer stack compiled with
+(`costmodel.memory_fit.fit_coefficients`) on XLA's per-device figures for a layer stack compiled with
 2 and 3 layers under `lax.scan` at a few lengths of two shapes; they are then checked on lengths
 and shapes not used for fitting (other lengths, a larger length, a bf16 / gated / 16-head shape,
 a {data: 2, model: 4} mesh): the per-device total (argument + output + temp) of a 3-layer step,
@@ -34,6 +34,7 @@ from results_io import write_json  # noqa: E402  (the script's folder is on sys.
 import numpy as np  # noqa: E402
 
 from costmodel import memory as M  # noqa: E402
+from costmodel import memory_fit as F  # noqa: E402
 from costmodel.profile import Calibration, TimeSample, fit_time, measure_times, predict_step_time  # noqa: E402
 from sharding.ops.blocks import BlockSpec  # noqa: E402
 
@@ -79,7 +80,7 @@ def _key(label, mesh_shape, s, strategy, remat, two):
     return f"{label}|{json.dumps(mesh_shape, sort_keys=True)}|{s}|{strategy}|{remat}|{int(two)}"
 
 
-def measure_memory(jobs, cache: dict, meshes: dict, log) -> list[tuple[str, M.Sample, bool]]:
+def measure_memory(jobs, cache: dict, meshes: dict, log) -> list[tuple[str, F.Sample, bool]]:
     from costmodel.probe import figures, layer_step
     out = []
     for label, spec, mesh_shape, batch, s, remat, two in jobs:
@@ -94,16 +95,16 @@ def measure_memory(jobs, cache: dict, meshes: dict, log) -> list[tuple[str, M.Sa
                 continue
             key = _key(label, mesh_shape, s, strategy, remat, two)
             if key in cache:
-                smp = M.Sample.from_json(cache[key])
+                smp = F.Sample.from_json(cache[key])
             else:
                 t0 = time.time()
                 shape = M.Shape(spec, mesh_shape, batch, s, backend=mesh.devices.flat[0].platform)
                 if two:
-                    m = M.measure_layer(strategy, spec, mesh, batch, s, remat)
-                    smp = M.Sample(shape, strategy, remat, m["stored"], m["peak"], m["total"])
+                    m = F.measure_layer(strategy, spec, mesh, batch, s, remat)
+                    smp = F.Sample(shape, strategy, remat, m["stored"], m["peak"], m["total"])
                 else:
                     c = layer_step(strategy, spec, mesh, batch, s, n_layers=3, remat=None if remat == "none" else remat)
-                    smp = M.Sample(shape, strategy, remat, float("nan"), float("nan"), {3: figures(c)["total"]})
+                    smp = F.Sample(shape, strategy, remat, float("nan"), float("nan"), {3: figures(c)["total"]})
                 cache[key] = smp.to_json()
                 log(f"  compiled {label} s={s} {strategy}@{remat} in {time.time() - t0:.1f}s")
             out.append((label, smp, two))
@@ -305,7 +306,7 @@ def main(argv=None):
         log("memory: fitting on XLA figures")
         fit = measure_memory(fit_jobs, cache, meshes, log)
         save_cache()
-        coeffs = M.fit_coefficients([smp for _, smp, _ in fit])
+        coeffs = F.fit_coefficients([smp for _, smp, _ in fit])
         log("memory: held-out shapes and lengths")
         held = measure_memory(held_jobs, cache, meshes, log)
         save_cache()

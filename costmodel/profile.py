@@ -5,7 +5,7 @@ each length, runs it a few times on the devices here and fits the time model's d
 (matmul and attention FLOP/s, elementwise rate, memory bandwidth, per-collective-kind bandwidth
 and latency, a per-layer overhead) by non-negative least squares on the measured step times; it
 can also fit the memory model's per-strategy corrections against XLA's figures
-(`costmodel.memory.calibrate`). The result, a `Calibration`, is cached as JSON per device kind
+(`costmodel.memory_fit.calibrate`). The result, a `Calibration`, is cached as JSON per device kind
 and mesh shape in a directory (the trainer passes WORKDIR/costmodel):
 
     DIR/<device-kind>__<axis>=<size>_...json
@@ -349,7 +349,7 @@ def profile(mesh, spec: BlockSpec, lengths: Sequence[int], batch: Optional[int] 
     coeffs, step, report = fit_time(samples, name=kind, shared_compute=shared, overlap=not shared)
     mem = MemoryCoefficients()
     if memory:
-        from costmodel.memory import calibrate
+        from costmodel.memory_fit import calibrate
         mem, _ = calibrate(mesh, spec, batch, memory_lengths or lengths, strategies, remats)
     cal = Calibration(device_kind=kind, mesh_shape=mesh_shape, time=coeffs, memory=mem, step_overhead_s=step,
                       meta={"lengths": list(lengths), "batch": batch, "strategies": list(strategies or STRATEGY_NAMES),
@@ -370,7 +370,8 @@ def calibrate_memory_for(mesh, spec: BlockSpec, shapes: Sequence[tuple[int, int]
     import hashlib
     from dataclasses import asdict
 
-    from costmodel.memory import Sample, default_coefficients, fit_coefficients, measure_samples
+    from costmodel.memory import default_coefficients
+    from costmodel.memory_fit import Sample, fit_coefficients, measure_samples
     mesh_shape = {a: int(n) for a, n in mesh.shape.items()}
     key = json.dumps([asdict(spec), sorted(mesh_shape.items()), sorted(shapes), list(remats)], sort_keys=True)
     digest = hashlib.sha1(key.encode()).hexdigest()[:12]

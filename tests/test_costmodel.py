@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from costmodel import memory as M
+from costmodel import memory_fit
 from costmodel import time as T
 from costmodel.hardware import PROFILES
 from costmodel.probe import figures, layer_step
@@ -128,7 +129,7 @@ def test_memory_matches_xla_on_held_out_shapes(strategy):
 def test_calibration_fits_and_extrapolates():
     """calibrate() on two lengths of a new shape predicts XLA's bytes at a third (held out)."""
     mesh = build_mesh({"data": 8})
-    coeffs, samples = M.calibrate(mesh, SPEC_TINY, 8, (128, 512), strategies=("metp", "tp_sp"))
+    coeffs, samples = memory_fit.calibrate(mesh, SPEC_TINY, 8, (128, 512), strategies=("metp", "tp_sp"))
     assert len(samples) == 4 and set(coeffs.stored) == {"metp", "tp_sp"}
     for smp in samples:  # the fit reproduces its own samples (within 10%: on XLA:CPU each layer
         # also keeps the weight copies that order its collectives, sharding.ops.ordering, which
