@@ -11,10 +11,13 @@ ran, total time, padding fraction, compilations after warmup, and the max traina
 largest length whose program fits, bisected with XLA's figure at the pipeline's batch size).
 
 On CPU all simulated devices share the cores: absolute speed means little, the ratios between
-strategies in one run are the point. The script runs unchanged on a GPU.
+strategies in one run are the point. The script runs unchanged on a GPU. With --quick, or
+--time-limit S, no new batch is fed once stepping has taken the limit (after at least four), so a
+generous budget, under which every strategy runs every step, stays CI-sized; every contender
+still gets the same batches. A max trainable length found at --max-len-cap is reported as ">=".
 
 Usage: python benchmarks/dynamic_lengths.py [--config configs/dynamic.yaml] [--budget-gb X]
-       [--data stdlib|githubcode|grch38] [--steps N] [--quick] [--json OUT] [--png OUT]
+       [--data stdlib|githubcode|grch38] [--steps N] [--quick] [--time-limit S] [--json OUT] [--png OUT]
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from results_io import write_json  # noqa: E402  (the script's folder is on sys.path)
 
 STATIC = ("dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp")
+QUICK_TIME_LIMIT_S = 600  # --quick stays CI-sized whatever the budget (every strategy may run every step)
+MIN_ROUNDS = 4
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "dynamic.yaml")
 
 
@@ -114,6 +119,16 @@ class Contender:
         r = self.by_bucket.get(b, {"steps": 0, "tokens": 0, "seconds": 0.0})
         return {"bytes_per_device": self.bytes[b], "plan": self.plan_ids[b], "fits": b in self.programs,
                 "steps": r["steps"], "tokens_per_s": r["tokens"] / r["seconds"] if r["seconds"] else None}
+
+
+def _top(unit: int, cap: int, quick: bool) -> int:
+    """The largest length `max_trainable_length` can return."""
+    if quick:
+        s = unit
+        while 2 * s <= cap:
+            s *= 2
+        return s
+    return cap // unit * unit
 
 
 def fits_at(contender: Contender, s: int) -> bool:
@@ -220,7 +235,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, help="batches fed to every strategy (default 40; 12 with --quick)")
     ap.add_argument("--quick", action="store_true", help="a CI-sized run: fewer steps and documents, "
                     "max lengths over powers of two")
-    ap.add_argument("--max-len-cap", type=int, default=65536, help="largest length the max-length search tries")
+    ap.add_argument("--time-limit", type=float, help="stop feeding batches once stepping took this many seconds "
+                    f"(at least {MIN_ROUNDS} batches; default {QUICK_TIME_LIMIT_S} s with --quick, none without)")
+    ap.add_argument("--max-len-cap", type=int, default=262144,
+                    help="largest length the max-length search tries (a length found at the cap is reported as >= cap)")
     ap.add_argument("--workdir", help="trainers' workdirs, compile cache and cost-model calibration "
                     "(default: a fresh temporary folder); reuse one to skip compiles on a rerun")
     ap.add_argument("--json", help="write the results here")
@@ -261,11 +279,19 @@ def main(argv=None) -> dict:
             f"{b}:{c.plan_ids[b]}={c.bytes[b] / 2**20:.1f}M{'' if b in c.programs else '(over)'}" for b in c.bytes),
             flush=True)
     names = list(contenders)
+    limit = args.time_limit if args.time_limit is not None else (QUICK_TIME_LIMIT_S if args.quick else None)
+    t_steps, fed = time.perf_counter(), 0
     for i, plan_b in enumerate(batches):  # rotate the order so no strategy always runs first
+        if limit is not None and i >= MIN_ROUNDS and time.perf_counter() - t_steps > limit:
+            break  # every contender has had the same batches so far
         for name in names[i % len(names):] + names[:i % len(names)]:
             contenders[name].step(plan_b)
+        fed = i + 1
+        print(f"batch {fed}/{steps} (bucket {plan_b.bucket}) done, {time.perf_counter() - t_steps:.0f} s", flush=True)
+    batches = batches[:fed]
     unit = 256
-    result = {"budget_bytes": int(budget), "data": args.data, "steps": steps, "quick": bool(args.quick),
+    result = {"budget_bytes": int(budget), "data": args.data, "steps": fed, "steps_planned": steps,
+              "time_limit_s": limit, "quick": bool(args.quick),
               "devices": jax.device_count(), "platform": jax.devices()[0].platform,
               "config": os.path.relpath(args.config), "buckets": data.buckets,
               "bucket_steps": {str(b): sum(p.bucket == b for p in batches) for b in data.buckets},
@@ -276,21 +302,26 @@ def main(argv=None) -> dict:
     complete = [n for n in STATIC if s[n]["steps_over_budget"] == 0]
     result["auto_vs_complete_static"] = {n: s["auto"]["tokens_per_s"] / s[n]["tokens_per_s"] for n in complete
                                          if s[n]["tokens_per_s"]}
+    for r in s.values():  # the search stopped at the cap, not at the budget: a lower bound
+        r["max_len_capped"] = r["max_len"] == _top(unit, args.max_len_cap, args.quick)
     result["max_len_ratio_vs_tp_sp"] = s["auto"]["max_len"] / s["tp_sp"]["max_len"] if s["tp_sp"]["max_len"] else None
     result["wall_s"] = time.time() - t_start
     print(f"\n{result['devices']} x {result['platform']}, budget {budget / 2**20:.0f} MiB/device, data {args.data}, "
-          f"{steps} batches (per bucket: {result['bucket_steps']})")
+          f"{fed} batches (per bucket: {result['bucket_steps']})"
+          + (f", stopped at the {limit:.0f} s time limit of {steps} planned" if fed < steps else ""))
     print(f"{'strategy':<9} {'run':>4} {'over':>5} {'tokens/s':>10} {'time (s)':>9} {'padding':>8} "
           f"{'compiles':>8} {'max len':>8}")
     for name, r in s.items():
         print(f"{name:<9} {r['steps_run']:>4} {r['steps_over_budget']:>5} {r['tokens_per_s']:>10.0f} "
               f"{r['total_time_s']:>9.2f} {r['padding_fraction']:>8.1%} {r['compiles_after_warmup']:>8} "
-              f"{r['max_len']:>8}")
+              f"{('>=' if r['max_len_capped'] else '') + str(r['max_len']):>8}")
     print("auto's plan per bucket: " + ", ".join(f"{b}: {r['plan']}" for b, r in s["auto"]["buckets"].items()))
     ratios = ", ".join(f"{n} {v:.2f}" for n, v in result["auto_vs_complete_static"].items())
     print(f"auto tokens/s / static strategies that ran every step: {ratios or 'none ran every step'}")
     if result["max_len_ratio_vs_tp_sp"] is not None:
-        print(f"max trainable length: auto / tp_sp = {result['max_len_ratio_vs_tp_sp']:.2f}x")
+        at_least = ">= " if s["auto"]["max_len_capped"] else ""
+        print(f"max trainable length: auto / tp_sp = {at_least}{result['max_len_ratio_vs_tp_sp']:.2f}x"
+              + (f" (auto reached the search cap, --max-len-cap {args.max_len_cap})" if at_least else ""))
     if args.json:
         write_json(args.json, result)
     png = args.png or (os.path.splitext(args.json)[0] + ".png" if args.json else None)

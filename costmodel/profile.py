@@ -47,12 +47,24 @@ class Calibration:
     memory: MemoryCoefficients = field(default_factory=MemoryCoefficients)
     step_overhead_s: float = 0.0  # fixed seconds per step (dispatch), outside the layers
     meta: dict = field(default_factory=dict)  # what was profiled, fit residuals
+    # measured / predicted layer time per strategy at profiled lengths: {strategy: [[s, factor], ...]}
+    time_scale: dict = field(default_factory=dict)
 
     def time_coefficients(self) -> TimeCoefficients:
         return self.time
 
     def memory_coefficients(self) -> MemoryCoefficients:
         return self.memory
+
+    def time_factor(self, strategy: str, seq_len: int) -> float:
+        """The measured correction of a strategy's layer time at this length: interpolated in
+        log length between the profiled lengths, held constant outside them (1: not profiled)."""
+        points = self.time_scale.get(strategy)
+        if not points:
+            return 1.0
+        xs = np.log2([float(x) for x, _ in points])
+        ys = np.log([float(f) for _, f in points])
+        return float(np.exp(np.interp(np.log2(float(seq_len)), xs, ys)))
 
     def correct_memory(self, strategy: str, remat: str, mem: LayerMemory, shape: Shape) -> LayerMemory:
         """The layer's memory with the fitted feature multipliers (the shipped ones for a strategy
@@ -63,7 +75,7 @@ class Calibration:
     def to_json(self) -> dict:
         return {"format": FORMAT, "device_kind": self.device_kind, "mesh_shape": dict(self.mesh_shape),
                 "time": self.time.to_json(), "memory": self.memory.to_json(),
-                "step_overhead_s": self.step_overhead_s, "meta": self.meta}
+                "step_overhead_s": self.step_overhead_s, "meta": self.meta, "time_scale": self.time_scale}
 
     @classmethod
     def from_json(cls, d: Mapping) -> "Calibration":
@@ -71,7 +83,8 @@ class Calibration:
             raise ValueError(f"calibration format {d.get('format')!r} is not {FORMAT}")
         return cls(device_kind=d["device_kind"], mesh_shape=dict(d["mesh_shape"]),
                    time=TimeCoefficients.from_json(d["time"]), memory=MemoryCoefficients.from_json(d["memory"]),
-                   step_overhead_s=float(d.get("step_overhead_s", 0.0)), meta=dict(d.get("meta", {})))
+                   step_overhead_s=float(d.get("step_overhead_s", 0.0)), meta=dict(d.get("meta", {})),
+                   time_scale={k: [list(p) for p in v] for k, v in d.get("time_scale", {}).items()})
 
     def save(self, directory: str) -> str:
         """Write to DIR/<device-kind>__<mesh>.json (atomically); returns the path."""
@@ -367,30 +380,65 @@ def calibrate_memory_for(mesh, spec: BlockSpec, shapes: Sequence[tuple[int, int]
     feasible strategy at these (batch, seq_len) shapes, fitted from the shipped coefficients
     (which keep what the samples cannot determine). The samples are cached in `directory` per
     device kind, mesh, layer shape and sampled shapes, so a rerun compiles nothing."""
-    import hashlib
-    from dataclasses import asdict
-
     from costmodel.memory import default_coefficients
     from costmodel.memory_fit import Sample, fit_coefficients, measure_samples
-    mesh_shape = {a: int(n) for a, n in mesh.shape.items()}
-    key = json.dumps([asdict(spec), sorted(mesh_shape.items()), sorted(shapes), list(remats)], sort_keys=True)
-    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
-    path = None
-    if directory:
-        path = cache_path(directory, device_kind_of(mesh), mesh_shape).replace(".json", f"__memory-{digest}.json")
-    if path and os.path.exists(path):
-        with open(path) as fh:
-            samples = [Sample.from_json(d) for d in json.load(fh)]
-    else:
+
+    def measure():
         samples = []
         for batch, seq_len in sorted(set(shapes)):
             samples += measure_samples(STRATEGY_NAMES, spec, mesh, batch, [seq_len], remats, progress)
-        if path:
-            os.makedirs(directory, exist_ok=True)
-            with open(path + ".tmp", "w") as fh:
-                json.dump([smp.to_json() for smp in samples], fh)
-            os.replace(path + ".tmp", path)
+        return [smp.to_json() for smp in samples]
+
+    path = _model_cache_path(directory, "memory", mesh, spec, shapes, remats)
+    samples = [Sample.from_json(d) for d in _cached_json(path, measure)]
     return fit_coefficients(samples, prior=0.05, start=default_coefficients(), per_remat=True)
+
+
+def calibrate_time_for(cal: Calibration, mesh, spec: BlockSpec, shapes: Sequence[tuple[int, int]],
+                       directory: Optional[str] = None, repeats: int = 2,
+                       progress: Optional[Callable] = None) -> Calibration:
+    """`cal` with each strategy's layer time scaled to what the devices here measure for this
+    model: every feasible strategy's 2-layer step (remat none) timed at these (batch, seq_len)
+    shapes (`measure_times`, interleaved rounds), factor = measured / `cal`'s prediction. Between
+    and beyond the profiled lengths `Calibration.time_factor` interpolates. The factors are
+    cached in `directory` per device kind, mesh, layer shape and sampled shapes."""
+    def measure():
+        factors: dict = {}
+        for batch, seq_len in sorted(set(shapes)):
+            samples = measure_times(mesh, spec, batch, [seq_len], STRATEGY_NAMES, ("none",), 2, repeats, progress)
+            for smp in samples:
+                predicted = predict_step_time(cal, smp.shape, smp.strategy, smp.remat, smp.n_layers)
+                factors.setdefault(smp.strategy, []).append([seq_len, smp.seconds / predicted])
+        return factors
+
+    path = _model_cache_path(directory, "time", mesh, spec, shapes, ("none",))
+    return replace(cal, time_scale={k: sorted(v) for k, v in _cached_json(path, measure).items()})
+
+
+def _model_cache_path(directory: Optional[str], what: str, mesh, spec: BlockSpec, shapes, remats) -> Optional[str]:
+    """Where a per-model fit's samples live: per device kind, mesh, layer shape, shapes, remats."""
+    import hashlib
+    from dataclasses import asdict
+    if not directory:
+        return None
+    mesh_shape = {a: int(n) for a, n in mesh.shape.items()}
+    key = json.dumps([asdict(spec), sorted(mesh_shape.items()), sorted(shapes), list(remats)], sort_keys=True)
+    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+    return cache_path(directory, device_kind_of(mesh), mesh_shape).replace(".json", f"__{what}-{digest}.json")
+
+
+def _cached_json(path: Optional[str], compute: Callable):
+    """The JSON at `path`, else `compute()` written there atomically (no path: just computed)."""
+    if path and os.path.exists(path):
+        with open(path) as fh:
+            return json.load(fh)
+    data = compute()
+    if path:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as fh:
+            json.dump(data, fh)
+        os.replace(path + ".tmp", path)
+    return data
 
 
 def with_memory(cal: Calibration, coefficients: MemoryCoefficients) -> Calibration:

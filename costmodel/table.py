@@ -203,7 +203,8 @@ def cost_table(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, seq_l
         # the embedding / loss transient of a choice's strategy (its loss runs while every layer's
         # stored activations are alive) is folded into the choice's peak: max(layer, loss)
         peak.append(max(mem.peak, M.loss_memory(shape, c.strategy, vocab)))
-        times.append(T.layer_time(shape, c.strategy, c.remat, coeffs).total)
+        t = T.layer_time(shape, c.strategy, c.remat, coeffs).total
+        times.append(t * calib.time_factor(c.strategy, seq_len) if calib is not None else t)
     base = M.base_memory(shape, vocab, n_layers)
     base_time = T.base_time(shape, vocab, n_layers, coeffs)
     k = len(choices)

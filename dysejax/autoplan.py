@@ -72,18 +72,26 @@ def resolve_hardware(name: str, mesh, calibration_dir: Optional[str]):
     return cal or default_calibration()
 
 
-def calibrate_here(calibration, mesh, spec, shapes, directory: str, log=print):
+def calibrate_here(calibration, mesh, spec, shapes, directory: str, log=print, profile_time: bool = False):
     """`calibration` with memory corrections fitted for this model on the devices here
-    (`costmodel.profile.calibrate_memory_for`, cached in `directory`)."""
+    (`costmodel.profile.calibrate_memory_for`) and, with `profile_time`, its layer times scaled
+    per strategy to measured ones (`costmodel.profile.calibrate_time_for`); cached in `directory`."""
     import time
 
-    from costmodel.profile import calibrate_memory_for, with_memory
+    from costmodel.profile import calibrate_memory_for, calibrate_time_for, with_memory
+    lengths = sorted(s for _, s in shapes)
     t0 = time.perf_counter()
-    coefficients = calibrate_memory_for(mesh, spec, shapes, directory)
+    calibration = with_memory(calibration, calibrate_memory_for(mesh, spec, shapes, directory))
     if time.perf_counter() - t0 > 1.0:
-        log(f"cost model: fitted this model's memory to XLA at {sorted(s for _, s in shapes)} in "
+        log(f"cost model: fitted this model's memory to XLA at {lengths} in "
             f"{time.perf_counter() - t0:.0f} s (cached in {directory})")
-    return with_memory(calibration, coefficients)
+    if profile_time:
+        t0 = time.perf_counter()
+        calibration = calibrate_time_for(calibration, mesh, spec, shapes, directory)
+        if time.perf_counter() - t0 > 1.0:
+            log(f"cost model: timed every strategy's layer at {lengths} in {time.perf_counter() - t0:.0f} s "
+                f"(cached in {directory})")
+    return calibration
 
 
 class AutoPlanner:

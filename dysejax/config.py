@@ -157,6 +157,9 @@ class ParallelConfig:
     # h100, h200) to plan a GPU cluster from a laptop
     hardware: str = "auto"
     costmodel_dir: Optional[str] = None  # fitted cost-model calibrations (default WORKDIR/costmodel)
+    # on the devices here, also time every feasible strategy's layer at the smallest and largest
+    # bucket and scale the time model per strategy by measured / predicted (cached in costmodel_dir)
+    profile_time: bool = False
 
 
 @dataclass

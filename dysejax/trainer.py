@@ -119,7 +119,11 @@ class Trainer:
             if not isinstance(hardware, str):  # the devices are here: fit this model's memory to XLA
                 buckets = self.data.buckets
                 shapes = [(self.data.batch_size(b), b) for b in {buckets[0], buckets[-1]}]
-                hardware = calibrate_here(hardware, self.mesh, self.spec, shapes, directory, self.log)
+                # timings differ per process, and every process must derive the same plans
+                profile_time = cfg.parallel.profile_time and jax.process_count() == 1
+                if cfg.parallel.profile_time and not profile_time:
+                    self.log("parallel.profile_time is ignored with several processes: the shipped time model plans")
+                hardware = calibrate_here(hardware, self.mesh, self.spec, shapes, directory, self.log, profile_time)
             budget = self.budget
             if budget is None and isinstance(hardware, str):  # planning a GPU from here: its memory
                 budget = PROFILES[hardware].memory_bytes

@@ -1,5 +1,6 @@
 """The cost model: CostTable arithmetic, memory vs XLA, time-model orderings, profile cache."""
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -9,7 +10,8 @@ from costmodel import memory_fit
 from costmodel import time as T
 from costmodel.hardware import PROFILES
 from costmodel.probe import figures, layer_step
-from costmodel.profile import Calibration, cache_path, fit_time, load_calibration, profile, TimeSample
+from costmodel.profile import (Calibration, TimeSample, cache_path, calibrate_time_for, default_calibration, fit_time,
+                               load_calibration, profile)
 from costmodel.table import Choice, CostTable, cost_table
 from sharding.layout import LAYERS, StorageLayout
 from sharding.mesh import build_mesh
@@ -246,6 +248,33 @@ def test_profile_times_real_programs_and_caches(tmp_path):
     assert load_calibration(str(tmp_path), cal.device_kind, {"data": 8}) is not None
     again = profile(mesh, SPEC_TINY, (64, 128), strategies=("dp", "tp"), directory=str(tmp_path))
     assert again.meta["created"] == cal.meta["created"]  # read from the cache, nothing re-run
+
+
+def test_time_factor_interpolates_in_log_length_and_scales_the_table():
+    cal = replace(default_calibration(), time_scale={"ulysses": [[256, 0.5], [4096, 2.0]]})
+    assert cal.time_factor("ulysses", 256) == pytest.approx(0.5)
+    assert cal.time_factor("ulysses", 1024) == pytest.approx(1.0)  # halfway in log length
+    assert cal.time_factor("ulysses", 64) == pytest.approx(0.5) and cal.time_factor("ulysses", 65536) == 2.0
+    assert cal.time_factor("dp", 1024) == 1.0  # not profiled
+    assert Calibration.from_json(cal.to_json()).time_scale == cal.time_scale
+    choices = (Choice("dp"), Choice("ulysses"), Choice("ulysses", "full"))
+    plain = cost_table(SPEC_TINY, {"data": 8}, 8, 1024, 2, 256, hardware=default_calibration(), choices=choices)
+    scaled = cost_table(SPEC_TINY, {"data": 8}, 8, 1024, 2, 256, hardware=replace(
+        cal, time_scale={"ulysses": [[1024, 1.5]]}), choices=choices)
+    assert np.allclose(scaled.layer_time_s / plain.layer_time_s, [1.0, 1.5, 1.5])
+
+
+def test_calibrate_time_for_measures_every_strategy_once_and_caches(tmp_path, monkeypatch):
+    mesh = build_mesh({"data": 8})
+    cal = calibrate_time_for(default_calibration(), mesh, SPEC_TINY, [(8, 64), (8, 128)], str(tmp_path), repeats=1)
+    feasible = set(M.feasible_strategies(SPEC_TINY, {"data": 8}, 8, 128))
+    assert set(cal.time_scale) == feasible
+    for strategy, points in cal.time_scale.items():
+        assert [s for s, _ in points] == [64, 128] and all(0.05 < f < 20 for _, f in points), (strategy, points)
+    import costmodel.profile as P
+    monkeypatch.setattr(P, "measure_times", lambda *a, **k: pytest.fail("measured again instead of the cache"))
+    again = calibrate_time_for(default_calibration(), mesh, SPEC_TINY, [(8, 64), (8, 128)], str(tmp_path))
+    assert again.time_scale == cal.time_scale
 
 
 def test_plan_bytes_match_the_trainers_compiled_step(tmp_path, tiny_config):
