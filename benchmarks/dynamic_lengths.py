@@ -121,16 +121,6 @@ class Contender:
                 "steps": r["steps"], "tokens_per_s": r["tokens"] / r["seconds"] if r["seconds"] else None}
 
 
-def _top(unit: int, cap: int, quick: bool) -> int:
-    """The largest length `max_trainable_length` can return."""
-    if quick:
-        s = unit
-        while 2 * s <= cap:
-            s *= 2
-        return s
-    return cap // unit * unit
-
-
 def fits_at(contender: Contender, s: int) -> bool:
     """Whether a program of length s (the pipeline's batch size for s) fits, by XLA's figure."""
     from dysejax.errors import PlanError
@@ -146,14 +136,16 @@ def fits_at(contender: Contender, s: int) -> bool:
         return False
 
 
-def max_trainable_length(contender: Contender, unit: int, cap: int, quick: bool) -> int:
-    """Largest multiple of `unit` up to `cap` that fits (powers of two only with --quick)."""
+def max_trainable_length(contender: Contender, unit: int, cap: int, quick: bool) -> tuple[int, bool]:
+    """(largest multiple of `unit` up to `cap` that fits (powers of two only with --quick), whether
+    the search stopped at the cap rather than at a length that does not fit: then a lower bound)."""
     if quick:
         best, s = 0, unit
         while s <= cap and fits_at(contender, s):
             best, s = s, 2 * s
-        return best
+        return best, s > cap
     lo, hi = 0, cap // unit  # in units; lo fits (0 = nothing), hi is the first candidate above
+    top = hi
     k = 1
     while k <= hi and fits_at(contender, k * unit):
         lo, k = k, 2 * k
@@ -164,7 +156,7 @@ def max_trainable_length(contender: Contender, unit: int, cap: int, quick: bool)
             lo = mid
         else:
             hi = mid - 1
-    return lo * unit
+    return lo * unit, lo == top
 
 
 def overrides(args) -> list[str]:
@@ -297,13 +289,12 @@ def main(argv=None) -> dict:
               "bucket_steps": {str(b): sum(p.bucket == b for p in batches) for b in data.buckets},
               "strategies": {}}
     for name, c in contenders.items():
-        result["strategies"][name] = c.result(max_trainable_length(c, unit, args.max_len_cap, args.quick))
+        max_len, capped = max_trainable_length(c, unit, args.max_len_cap, args.quick)
+        result["strategies"][name] = {**c.result(max_len), "max_len_capped": capped}
     s = result["strategies"]
     complete = [n for n in STATIC if s[n]["steps_over_budget"] == 0]
     result["auto_vs_complete_static"] = {n: s["auto"]["tokens_per_s"] / s[n]["tokens_per_s"] for n in complete
                                          if s[n]["tokens_per_s"]}
-    for r in s.values():  # the search stopped at the cap, not at the budget: a lower bound
-        r["max_len_capped"] = r["max_len"] == _top(unit, args.max_len_cap, args.quick)
     result["max_len_ratio_vs_tp_sp"] = s["auto"]["max_len"] / s["tp_sp"]["max_len"] if s["tp_sp"]["max_len"] else None
     result["wall_s"] = time.time() - t_start
     print(f"\n{result['devices']} x {result['platform']}, budget {budget / 2**20:.0f} MiB/device, data {args.data}, "

@@ -80,17 +80,19 @@ def calibrate_here(calibration, mesh, spec, shapes, directory: str, log=print, p
 
     from costmodel.profile import calibrate_memory_for, calibrate_time_for, with_memory
     lengths = sorted(s for _, s in shapes)
-    t0 = time.perf_counter()
-    calibration = with_memory(calibration, calibrate_memory_for(mesh, spec, shapes, directory))
-    if time.perf_counter() - t0 > 1.0:
-        log(f"cost model: fitted this model's memory to XLA at {lengths} in "
-            f"{time.perf_counter() - t0:.0f} s (cached in {directory})")
-    if profile_time:
+
+    def timed(what, fit):
         t0 = time.perf_counter()
-        calibration = calibrate_time_for(calibration, mesh, spec, shapes, directory)
-        if time.perf_counter() - t0 > 1.0:
-            log(f"cost model: timed every strategy's layer at {lengths} in {time.perf_counter() - t0:.0f} s "
-                f"(cached in {directory})")
+        out = fit()
+        if time.perf_counter() - t0 > 1.0:  # (a cached fit says nothing)
+            log(f"cost model: {what} at {lengths} in {time.perf_counter() - t0:.0f} s (cached in {directory})")
+        return out
+
+    calibration = timed("fitted this model's memory to XLA", lambda: with_memory(
+        calibration, calibrate_memory_for(mesh, spec, shapes, directory)))
+    if profile_time:
+        calibration = timed("timed every strategy's layer",
+                            lambda: calibrate_time_for(calibration, mesh, spec, shapes, directory))
     return calibration
 
 
