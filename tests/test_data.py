@@ -1,6 +1,7 @@
 """Tests of dysejax.data: buckets, packing masks, long documents, determinism, split, errors."""
 import json
 import os
+from itertools import groupby
 
 import numpy as np
 import pytest
@@ -129,6 +130,27 @@ def test_buckets_interleave(tmp_path):
     order = [p.bucket for p in pipe.epoch_plans(0)]
     assert set(order) == {8, 16}
     assert sum(a != b for a, b in zip(order, order[1:])) > 2  # not grouped by bucket
+
+
+def test_every_prefix_of_an_epoch_has_its_bucket_mix():
+    """Long documents split into longest-bucket pieces pack into runs of long batches; the epoch
+    order still spreads every bucket evenly: each prefix within 1 batch of its share."""
+    cfg = DataConfig(source="synthetic", synthetic=SyntheticConfig(distribution="githubcode", num_docs=400,
+                                                                   max_len=8192),
+                     buckets=[256, 512, 1024, 2048, 4096], tokens_per_batch=4096, long_policy="split",
+                     eval_fraction=0.0)
+    pipe = DataPipeline(cfg, seed=0, batch_multiple=1)
+    for epoch in (0, 1):
+        order = [p.bucket for p in pipe.epoch_plans(epoch)]
+        n = len(order)
+        share = {b: order.count(b) / n for b in pipe.buckets}
+        assert all(share[b] > 0 for b in pipe.buckets), share
+        for m in range(1, n + 1):
+            for b in pipe.buckets:
+                got = order[:m].count(b)
+                assert abs(got - m * share[b]) < 1, (epoch, m, b, got, m * share[b])
+    packed = [p.bucket for p in pipe._pack(pipe.train_docs)]
+    assert max(len(list(g)) for _, g in groupby(packed)) > 6  # the runs the order undoes
 
 
 def test_rows_slice_materializes_part(stdlib_pipe):

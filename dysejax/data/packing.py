@@ -8,9 +8,9 @@ With packing, a piece goes first-fit into an open row of its own bucket, else (o
 fewer short-bucket batches, else it opens a new row of its own bucket;
 a bucket keeps at most `OPEN_ROWS` open rows and, when it needs another, closes its fullest one.
 A row also closes when fewer than 2 slots are left. Without packing every piece is its own row.
-A batch of bucket L is emitted as soon as L has batch_size(L) closed rows, so buckets
-interleave in completion order; at the end of the epoch the rest is flushed, smallest bucket
-first, and partial batches are filled up with empty rows.
+A batch of bucket L is emitted as soon as L has batch_size(L) closed rows; at the end of the
+epoch the rest is flushed, smallest bucket first, and partial batches are filled up with empty
+rows. The epoch's order is then set by `order.interleave`.
 """
 from __future__ import annotations
 

@@ -10,8 +10,9 @@
     pipe.report, pipe.summary()             # counts (documents, long-document policy, ...), one line
 
 Epoch e is a pure function of (seed, e): the train documents are shuffled with
-np.random.default_rng([seed, e]), cut by the long-document policy, then packed. Epochs roll
-over forever; every train document is seen once per epoch.
+np.random.default_rng([seed, e]), cut by the long-document policy, packed, and the batches
+interleaved across buckets (`order.interleave`: every prefix of an epoch has about the epoch's
+bucket mix). Epochs roll over forever; every train document is seen once per epoch.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import numpy as np
 from dysejax.config import DataConfig
 from dysejax.data.batch import Batch, materialize
 from dysejax.data.bucketing import batch_size, check_long, expand
+from dysejax.data.order import interleave
 from dysejax.data.packing import BatchPlan, pack
 from dysejax.data.sources import Source, jsonl_source, stdlib_source, text_source
 from dysejax.data.split import eval_mask
@@ -99,8 +101,8 @@ class DataPipeline:
         """All train BatchPlans of `epoch`, in order (a pure function of seed and epoch)."""
         with self._lock:
             if epoch not in self._epochs:
-                order = np.random.default_rng([self.seed, int(epoch)]).permutation(self.train_docs)
-                self._epochs[epoch] = self._pack(order)
+                docs = np.random.default_rng([self.seed, int(epoch)]).permutation(self.train_docs)
+                self._epochs[epoch] = interleave(self._pack(docs), np.random.default_rng([self.seed, int(epoch), 1]))
                 while len(self._epochs) > _EPOCH_CACHE:
                     self._epochs.popitem(last=False)
             self._epochs.move_to_end(epoch)
