@@ -1,10 +1,11 @@
 #!/usr/bin/env python
-"""Command line: python train.py --config FILE [--workdir DIR] [--steps N] [--warmup-only] [--plan [--json]]
-[--set key=value ...]
+"""Command line: python train.py --config FILE [--workdir DIR] [--steps N] [--warmup-only] [--plot]
+[--plan [--json] [--plan-png FILE]] [--set key=value ...]
 [--coordinator HOST:PORT --num-processes N --process-id I]"""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -22,6 +23,8 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, help="total step target of the run (default train.steps)")
     p.add_argument("--warmup-only", action="store_true",
                    help="compile every bucket's program (filling the compile cache), report, and exit")
+    p.add_argument("--plot", action="store_true",
+                   help="draw WORKDIR/run.png (loss, tokens/s per bucket, plan per step) from the run so far, and exit")
     p.add_argument("--plan", action="store_true",
                    help="print the plan report (plan, predicted bytes and step time per bucket) and a PNG; no training")
     p.add_argument("--json", action="store_true", help="with --plan: print the report as JSON")
@@ -32,12 +35,15 @@ def parse_args(argv):
                    help="multi-process run: the address process 0 listens on (one process per host)")
     p.add_argument("--num-processes", type=int, metavar="N", help="multi-process run: number of processes")
     p.add_argument("--process-id", type=int, metavar="I", help="multi-process run: this process, 0..N-1")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for flag, given in (("--json", args.json), ("--plan-png", args.plan_png)):
+        if given and not args.plan:
+            p.error(f"{flag} only goes with --plan (python train.py --config FILE --plan {flag} ...)")
+    return args
 
 
 def _plan_report(trainer, args) -> int:
     import json
-    import os
 
     from dysejax.plan_report import format_report, plan_report, write_plot
 
@@ -52,6 +58,17 @@ def _plan_report(trainer, args) -> int:
     else:
         print(format_report(report))
         print(note)
+    return 0
+
+
+def _plot(workdir: str) -> int:
+    from dysejax.errors import ConfigError
+    from dysejax.run_plot import write_run_plot
+
+    if not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+        raise ConfigError(f"--plot: no run in {workdir!r} yet (no metrics.jsonl): train first, or pass its --workdir")
+    path = write_run_plot(workdir)
+    print(f"plot: {path}" if path else "plot: not written (pip install matplotlib)")
     return 0
 
 
@@ -72,13 +89,16 @@ def main(argv=None) -> int:
                                        config.train.peer_timeout_s)
         from dysejax.trainer import Trainer, default_workdir
 
-        trainer = Trainer(config, workdir=args.workdir or config.workdir or default_workdir(args.config),
-                          verbose=not args.plan)
+        workdir = args.workdir or config.workdir or default_workdir(args.config)
+        if args.plot:
+            return _plot(workdir)
+        trainer = Trainer(config, workdir=workdir, verbose=not args.plan)
         if args.plan:
             return _plan_report(trainer, args)
         if args.warmup_only:
             t0 = time.perf_counter()
             report = trainer.warmup()
+            print(trainer.format_plans())
             print(f"warmup: {len(report)} programs in {time.perf_counter() - t0:.1f} s "
                   f"(compile cache: {trainer.compile_cache_dir or 'off'})")
             return 0

@@ -72,10 +72,12 @@ def resolve_hardware(name: str, mesh, calibration_dir: Optional[str]):
     return cal or default_calibration()
 
 
-def calibrate_here(calibration, mesh, spec, shapes, directory: str, log=print, profile_time: bool = False):
+def calibrate_here(calibration, mesh, spec, shapes, directory: str, log=print, profile_time: bool = False,
+                   progress=None):
     """`calibration` with memory corrections fitted for this model on the devices here
     (`costmodel.profile.calibrate_memory_for`) and, with `profile_time`, its layer times scaled
-    per strategy to measured ones (`costmodel.profile.calibrate_time_for`); cached in `directory`."""
+    per strategy to measured ones (`costmodel.profile.calibrate_time_for`); cached in `directory`.
+    `progress(what)`, if given, is called after each program measured."""
     import time
 
     from costmodel.profile import calibrate_memory_for, calibrate_time_for, with_memory
@@ -88,11 +90,14 @@ def calibrate_here(calibration, mesh, spec, shapes, directory: str, log=print, p
             log(f"cost model: {what} at {lengths} in {time.perf_counter() - t0:.0f} s (cached in {directory})")
         return out
 
+    def tick(what):
+        return None if progress is None else (lambda sample: progress(what))
+
     calibration = timed("fitted this model's memory to XLA", lambda: with_memory(
-        calibration, calibrate_memory_for(mesh, spec, shapes, directory)))
+        calibration, calibrate_memory_for(mesh, spec, shapes, directory, progress=tick("memory"))))
     if profile_time:
-        calibration = timed("timed every strategy's layer",
-                            lambda: calibrate_time_for(calibration, mesh, spec, shapes, directory))
+        calibration = timed("timed every strategy's layer", lambda: calibrate_time_for(
+            calibration, mesh, spec, shapes, directory, progress=tick("time")))
     return calibration
 
 

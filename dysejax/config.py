@@ -128,9 +128,14 @@ class TrainConfig:
     checkpoint_every: int = 10
     keep_checkpoints: int = 3
     async_checkpoint: bool = True
-    log_every: int = 1
+    log_every: int = 1  # a log line every N steps when no progress bar shows (output not a terminal)
     tensorboard: bool = False
-    progress: bool = True
+    progress: bool = True  # a progress bar on a terminal (log lines otherwise)
+    plot: bool = True  # write WORKDIR/run.png (loss, tokens/s per bucket, plans) at the end of a run
+    wandb: bool = False  # log to Weights & Biases (pip install 'dysejax[wandb]')
+    wandb_project: str = "dysejax"
+    wandb_mode: Literal["offline", "online"] = "offline"  # offline: WORKDIR/wandb, `wandb sync` later
+    peak_tflops: Optional[float] = None  # per-device peak for MFU; default: the device's profile
     nonfinite: Literal["stop", "skip"] = "stop"  # a non-finite loss/gradient: stop, or skip the update
     compile_cache: bool = True  # JAX's persistent compilation cache
     compile_cache_dir: Optional[str] = None  # default WORKDIR/compile_cache
@@ -149,7 +154,8 @@ class PipelineConfig:
 class ParallelConfig:
     mesh: dict[str, int] = field(default_factory=lambda: {"data": -1})
     plan: Any = "dp"  # strategy name, written plan, "auto", or a {bucket: any of those, default: ...} mapping
-    memory_budget_gb: Optional[float] = None  # per device; None: device memory (unlimited on CPU)
+    memory_budget_gb: Optional[float] = None  # per device; None: what JAX's allocator can use (unlimited on CPU)
+    memory_headroom: float = 0.05  # fraction of the allocator's memory left out of the default budget
     cpu_devices: int = 8  # simulated CPU devices when JAX would otherwise see only one
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     # what `plan: auto` and `--plan` predict for: auto (these devices: a GPU profile by name, on
@@ -261,11 +267,36 @@ def _build(cls, data: dict, where: str = ""):
     for key, value in data.items():
         path = f"{where}.{key}" if where else str(key)
         if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=3, cutoff=0.5)
-            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-            raise ConfigError(f"unknown key {path!r}{hint} (valid keys: {', '.join(names)})")
+            raise ConfigError(f"unknown key {path!r}{_suggestion(path, names)} (valid keys: {', '.join(names)})")
         kwargs[key] = _convert(value, hints[key], path)
     return cls(**kwargs)
+
+
+# Names other trainers use for our fields, and where ours live.
+ALIASES = {
+    "learning_rate": "optimizer.lr", "lr": "optimizer.lr", "max_lr": "optimizer.lr",
+    "warmup": "optimizer.warmup_steps", "lr_warmup_steps": "optimizer.warmup_steps",
+    "decay_steps": "optimizer.total_steps", "max_steps": "train.steps", "num_steps": "train.steps",
+    "total_steps": "optimizer.total_steps", "steps": "train.steps", "seed": "train.seed",
+    "num_layers": "model.n_layers", "n_layer": "model.n_layers", "hidden_size": "model.d_model",
+    "num_heads": "model.n_heads", "num_attention_heads": "model.n_heads", "n_head": "model.n_heads",
+    "intermediate_size": "model.d_ff", "vocab": "model.vocab_size", "batch_size": "data.tokens_per_batch",
+    "seq_len": "data.buckets", "max_seq_len": "data.buckets", "weight_decay": "optimizer.weight_decay",
+    "grad_clip": "optimizer.clip_norm", "max_grad_norm": "optimizer.clip_norm",
+    "gradient_accumulation_steps": "train.grad_accum", "plan": "parallel.plan", "mesh": "parallel.mesh",
+}
+
+
+def _suggestion(path: str, names: list[str]) -> str:
+    """'; did you mean ...?' for an unknown key: a close name here, or where an alias lives."""
+    key = path.rsplit(".", 1)[-1]
+    close = difflib.get_close_matches(key, names, n=3, cutoff=0.5)
+    target = ALIASES.get(key.lower())
+    if target is not None:
+        section, _, field_name = target.rpartition(".")
+        here = path.rpartition(".")[0]
+        close = [field_name if here == section else target]
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
 def _merge(base: dict, extra: dict) -> dict:
@@ -279,14 +310,15 @@ def _merge(base: dict, extra: dict) -> dict:
 
 
 def parse_override(text: str) -> dict:
-    """`a.b.c=value` -> {'a': {'b': {'c': value}}}, the value read as YAML."""
+    """`a.b.c=value` -> {'a': {'b': {'c': value}}}, the value read as YAML (as a string when it is
+    not valid YAML)."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip() or any(not part for part in key.strip().split(".")):
         raise ConfigError(f"bad --set {text!r}: expected dotted.key=value, e.g. train.steps=100")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"bad --set {text!r}: value is not valid YAML ({_one_line(e)})")
+    except yaml.YAMLError:  # e.g. data.glob=*.txt (YAML reads `*` as an alias): the text as written
+        value = raw
     out: dict = value
     for part in reversed(key.strip().split(".")):
         out = {part: out}
@@ -377,6 +409,8 @@ def validate(c: Config) -> None:
     _require(sum(1 for v in p.mesh.values() if v == -1) <= 1, "parallel.mesh: at most one axis may be -1")
     _require(p.memory_budget_gb is None or p.memory_budget_gb > 0,
              f"parallel.memory_budget_gb must be positive, got {p.memory_budget_gb}")
+    _require(0 <= p.memory_headroom < 1, f"parallel.memory_headroom must be in [0, 1), got {p.memory_headroom}")
+    _require(t.peak_tflops is None or t.peak_tflops > 0, f"train.peak_tflops must be positive, got {t.peak_tflops}")
     _require(p.cpu_devices > 0, f"parallel.cpu_devices must be positive, got {p.cpu_devices}")
     _validate_pipeline(p.pipeline, p.mesh, m.n_layers)
 

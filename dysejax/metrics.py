@@ -1,4 +1,8 @@
-"""Per-step metrics: `WORKDIR/metrics.jsonl` (one JSON object per row), optional TensorBoard."""
+"""Per-step metrics: `WORKDIR/metrics.jsonl` (one JSON object per row), optionally TensorBoard
+(`WORKDIR/tensorboard`) and Weights & Biases (offline by default: `WORKDIR/wandb`).
+
+TensorBoard and W&B get every numeric field of a row, and the per-bucket figures again under
+`<name>/bucket_<length>` so each bucket has its own curve."""
 from __future__ import annotations
 
 import json
@@ -11,10 +15,12 @@ from dysejax.errors import ConfigError
 class MetricsWriter:
     """Appends rows to metrics.jsonl; on resume, drops rows past the restored step first."""
 
-    def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = False):
+    def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = False,
+                 wandb: Optional[dict] = None):
+        """`wandb`: None, or the keyword arguments of `wandb.init` (project, mode, config, name)."""
         self.path = os.path.join(workdir, "metrics.jsonl")
         self.enabled = enabled
-        self._tb = None
+        self._tb = self._wandb = None
         if enabled and tensorboard:
             try:
                 from tensorboardX import SummaryWriter
@@ -22,6 +28,12 @@ class MetricsWriter:
                 raise ConfigError("train.tensorboard needs tensorboardX: pip install 'dysejax[tensorboard]' "
                                   "or set train.tensorboard=false") from None
             self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+        if enabled and wandb is not None:
+            try:
+                import wandb as wandb_lib
+            except ImportError:
+                raise ConfigError("train.wandb needs wandb: pip install 'dysejax[wandb]' or set train.wandb=false") from None
+            self._wandb = wandb_lib.init(dir=workdir, **wandb)
 
     def truncate_after(self, step: int) -> None:
         """Keep only rows with `step` <= the given step (those past it will be recomputed)."""
@@ -38,14 +50,33 @@ class MetricsWriter:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+        if self._tb is None and self._wandb is None:
+            return
+        scalars = scalars_of(row)
         if self._tb is not None:
-            for key, value in row.items():
-                if isinstance(value, (int, float)) and key != "step":
-                    self._tb.add_scalar(key, value, row["step"])
+            for key, value in scalars.items():
+                self._tb.add_scalar(key, value, row["step"])
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=row["step"])
 
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+PER_BUCKET = ("tokens_per_s", "bucket_tokens_per_s", "mfu", "step_time_s")
+
+
+def scalars_of(row: dict) -> dict:
+    """The numeric fields of a row (not `step`), plus the per-bucket ones as `<name>/bucket_<length>`."""
+    out = {k: float(v) for k, v in row.items()
+           if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+    for key in PER_BUCKET:
+        if key in out and "bucket" in row:
+            out[f"{key}/bucket_{row['bucket']}"] = out[key]
+    return out
 
 
 def read_rows(path: str, raw: bool = False) -> list:

@@ -7,6 +7,7 @@ All figures are model predictions for `parallel.hardware`, per device.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Optional
 
 from costmodel.memory import feasible_strategies
@@ -19,41 +20,97 @@ def plan_report(trainer) -> dict:
 
     Buckets whose entry is `auto` report the search's choice (fits: the prediction is within the
     budget; when nothing fits, the closest plan with fits false); the others report their
-    written plan's predictions. When the devices are here and there is a budget, each bucket's
-    plan is also verified as training would: its candidates are compiled in order (abstract
-    inputs, nothing runs) and the first within the budget by XLA's figure is reported, with
-    `xla_bytes`, and fits by that figure."""
-    from dysejax.errors import PlanError
+    written plan's predictions; a bucket that does not fit says why (`reason`). When the devices
+    are here and there is a budget, each bucket's plan is also verified as training would: its
+    candidates are compiled in order (abstract inputs, nothing runs) and the first within the
+    budget by XLA's figure is reported, with `xla_bytes`, and fits by that figure."""
+    from dysejax.progress import Phase
 
     planner = trainer.planner
     budget = planner.budget
     verify = budget is not None and not isinstance(planner.hardware, str)
     rows = []
-    for bucket in trainer.data.buckets:
-        batch = trainer.data.batch_size(bucket)
-        auto = bucket in trainer.plans.auto_buckets
-        candidates = trainer.plans.candidates(bucket)
-        plan, xla = candidates[0], None
-        if verify:
-            try:
-                program = trainer.programs.select("train", bucket, batch, candidates, budget)
-            except PlanError:
-                program = trainer.programs.get("train", bucket, batch, candidates[-1])
-            plan, xla = program.plan, program.bytes_per_device
-        nbytes, seconds = planner.predict(bucket, batch, plan)
-        if xla is not None:
-            fits = xla <= budget
-        elif auto:  # the search's verdict (its byte bound is the conservative forward one)
-            fits = planner.plan(bucket, batch).fits
-        else:
-            fits = budget is None or nbytes <= budget
-        row = {"seq_len": bucket, "batch_size": batch, "plan": plan.as_data(), "predicted_bytes": int(nbytes),
-               "predicted_step_s": float(seconds), "fits": bool(fits), "plan_id": plan.id, "auto": auto}
-        if xla is not None:
-            row["xla_bytes"] = int(xla)
-        rows.append(row)
+    phase = Phase("plan: compiling each bucket's plan to check it against XLA", total=len(trainer.data.buckets),
+                  unit="bucket", log=lambda m: print(m, file=sys.stderr, flush=True), enabled=verify)
+    with phase:
+        for bucket in trainer.data.buckets:
+            rows.append(_bucket_row(trainer, planner, bucket, budget, verify))
+            if verify:
+                phase.update(1, f"bucket {bucket}")
     return {"devices": int(trainer.n_devices), "memory_budget_bytes": None if budget is None else int(budget),
             "hardware": _hardware_name(planner.hardware), "verified_by_xla": verify, "buckets": rows}
+
+
+def _bucket_row(trainer, planner, bucket: int, budget: Optional[int], verify: bool) -> dict:
+    from dysejax.errors import PlanError
+
+    batch = trainer.data.batch_size(bucket)
+    auto = bucket in trainer.plans.auto_buckets
+    candidates = trainer.plans.candidates(bucket)
+    plan, xla = candidates[0], None
+    if verify:
+        try:
+            program = trainer.programs.select("train", bucket, batch, candidates, budget)
+        except PlanError:
+            program = trainer.programs.get("train", bucket, batch, candidates[-1])
+        plan, xla = program.plan, program.bytes_per_device
+    nbytes, seconds = planner.predict(bucket, batch, plan)
+    if xla is not None:
+        fits = xla <= budget
+    elif auto:  # the search's verdict (its byte bound is the conservative forward one)
+        fits = planner.plan(bucket, batch).fits
+    else:
+        fits = budget is None or nbytes <= budget
+    row = {"seq_len": bucket, "batch_size": batch, "plan": plan.as_data(), "predicted_bytes": int(nbytes),
+           "predicted_step_s": float(seconds), "fits": bool(fits), "plan_id": plan.id, "auto": auto}
+    if xla is not None:
+        row["xla_bytes"] = int(xla)
+    if not fits:
+        row["reason"] = why_not(trainer, budget, xla if xla is not None else nbytes, plan.id)
+    return row
+
+
+def state_bytes_per_device(trainer) -> int:
+    """Bytes one device holds of the parameters, their gradients and the optimizer state, in the
+    storage layout (exact: each leaf's shard under its sharding)."""
+    import math
+
+    import jax
+
+    def shard_bytes(tree, shardings):
+        leaves = jax.tree.leaves(jax.tree.map(
+            lambda a, sh: math.prod(sh.shard_shape(a.shape)) * a.dtype.itemsize, tree, shardings))
+        return sum(leaves)
+
+    abstract, shardings = trainer.state_layout.abstract, trainer.state_layout.shardings
+    params = shard_bytes(abstract["params"], shardings["params"])
+    return 2 * params + shard_bytes(abstract["opt_state"], shardings["opt_state"])
+
+
+def state_over_budget(trainer, budget: Optional[int]) -> Optional[str]:
+    """'parameters, ... alone need X GiB per device, over the budget of Y GiB', or None."""
+    state = state_bytes_per_device(trainer)
+    if budget is None or state <= budget:
+        return None
+    return (f"parameters, gradients and optimizer state alone need {state / 2**30:.4f} GiB per device, over the "
+            f"budget of {budget / 2**30:.4f} GiB")
+
+
+def why_not(trainer, budget: Optional[int], needs: float, plan_id: str) -> str:
+    """Why a bucket's leanest plan does not fit: the state alone, or the activations on top of it."""
+    over = state_over_budget(trainer, budget)
+    if over:
+        return f"{over}: raise parallel.memory_budget_gb or use more devices"
+    state = state_bytes_per_device(trainer)
+    return (f"{plan_id} needs {needs / 2**30:.4f} GiB per device: {state / 2**30:.4f} GiB of parameters, gradients "
+            f"and optimizer state and the rest for this bucket's batch: lower data.tokens_per_batch, raise "
+            f"parallel.memory_budget_gb or drop the bucket")
+
+
+def why_nothing_fits(trainer, seq_len: int) -> str:
+    """'; <reason>' for a warmup failure when the state alone is over the budget (no batch fix helps)."""
+    over = state_over_budget(trainer, trainer.budget)
+    return f"; {over}, so no bucket can fit" if over else ""
 
 
 def _hardware_name(hardware) -> str:
@@ -72,6 +129,8 @@ def format_report(report: dict) -> str:
         xla = f"{r['xla_bytes'] / 2**30:>9.4f}" if "xla_bytes" in r else f"{'-':>9}"
         lines.append(f"{r['seq_len']:>8} {r['batch_size']:>6}  {plan:<34} {r['predicted_bytes'] / 2**30:>11.4f} "
                      f"{xla} {r['predicted_step_s'] * 1e3:>10.3f}  {'yes' if r['fits'] else 'NO'}")
+        if "reason" in r:
+            lines.append(f"{'':>16}NO: {r['reason']}")
     return "\n".join(lines)
 
 
@@ -94,9 +153,7 @@ def strategy_curves(trainer, lengths) -> dict:
 def write_plot(trainer, report: dict, path: str) -> Optional[str]:
     """Write the PNG; returns None (and writes nothing) when matplotlib is not installed."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure  # no GUI backend: safe in scripts and notebooks alike
     except ImportError:
         return None
     buckets = [r["seq_len"] for r in report["buckets"]]
@@ -104,7 +161,8 @@ def write_plot(trainer, report: dict, path: str) -> Optional[str]:
     n = max(2, int(round(4 * math.log2(hi / lo))) + 1) if hi > lo else 1
     lengths = sorted({int(round(lo * (hi / lo) ** (i / max(1, n - 1)))) for i in range(n)} | set(buckets))
     curves = strategy_curves(trainer, lengths)
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig = Figure(figsize=(12, 4.5))
+    ax_t, ax_m = fig.subplots(1, 2)
     for name, pts in sorted(curves.items()):
         xs, bs, ts = zip(*pts)
         ax_t.plot(xs, [t * 1e3 for t in ts], marker=".", label=name)
@@ -124,5 +182,4 @@ def write_plot(trainer, report: dict, path: str) -> Optional[str]:
     fig.suptitle(f"model predictions for {report['hardware']}, {report['devices']} devices")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

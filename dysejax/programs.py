@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from dysejax.errors import PlanError
@@ -43,6 +44,7 @@ class Program:
     compile_s: float
     memory: dict = field(default_factory=dict)
     flops: float = 0.0
+    horizon: Callable[[], int] = lambda: 1  # train programs: the lr-schedule horizon to pass when none is
 
     @property
     def bytes_per_device(self) -> int:
@@ -51,6 +53,10 @@ class Program:
         return m["argument"] + m["output"] + m["temp"] - m["alias"]
 
     def __call__(self, *args):
+        """Run it: (params, batch) for eval; (state, batch[, horizon]) for train, where the
+        horizon defaults to the cache's current one."""
+        if self.key.kind == "train" and len(args) == 2:
+            args = (*args, np.int32(self.horizon()))
         return self.compiled(*args)
 
 
@@ -87,6 +93,7 @@ class ProgramCache:
         self.make_train, self.make_eval = make_train, make_eval
         self.programs: dict[ProgramKey, Program] = {}
         self.selected: dict[tuple[str, int, int], Program] = {}
+        self.horizon = 1  # the lr-schedule horizon train programs get when a call passes none
 
     def get(self, kind: str, seq_len: int, batch_size: int, plan: Plan) -> Program:
         """The program for this key, compiling it on first request."""
@@ -117,10 +124,10 @@ class ProgramCache:
         bsh = batch_sharding(plan, self.mesh)
         batch = abstract_batch(key.batch_size, key.seq_len, bsh)
         t0 = time.perf_counter()
-        if key.kind == "train":
-            fn = jax.jit(self.make_train(plan), in_shardings=(self.state_shardings, bsh),
+        if key.kind == "train":  # state, batch, lr-schedule horizon (an input: see dysejax.step)
+            fn = jax.jit(self.make_train(plan), in_shardings=(self.state_shardings, bsh, replicated),
                          out_shardings=(self.state_shardings, replicated), donate_argnums=0)
-            lowered = fn.lower(self.state_abstract, batch)
+            lowered = fn.lower(self.state_abstract, batch, jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated))
         else:
             params = self.state_abstract["params"]
             fn = jax.jit(self.make_eval(plan), in_shardings=(self.state_shardings["params"], bsh),
@@ -128,4 +135,4 @@ class ProgramCache:
             lowered = fn.lower(params, batch)
         compiled = lowered.compile()
         memory, flops = _figures(compiled)
-        return Program(key, plan, compiled, time.perf_counter() - t0, memory, flops)
+        return Program(key, plan, compiled, time.perf_counter() - t0, memory, flops, lambda: self.horizon)

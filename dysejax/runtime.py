@@ -16,18 +16,23 @@ CPU_REMAT_FLAG = "--xla_disable_hlo_passes=cse_barrier_expander"
 
 
 def configure_host_devices(n_devices: int = 8) -> bool:
-    """Give XLA:CPU `n_devices` simulated devices unless the user set XLA_FLAGS or JAX started.
+    """Give XLA:CPU `n_devices` simulated devices (`jax_num_cpu_devices`) and the remat flag,
+    whatever XLA_FLAGS holds; a device count named in XLA_FLAGS is kept.
 
-    Returns True when the flags were set here. Must run before the first JAX computation; on a
-    machine with accelerators the host-device count is harmless (JAX uses the accelerators).
+    Returns True when the count was set here, False once JAX's backend has started (then
+    nothing changes). Must run before the first JAX computation; on a machine with accelerators
+    the host-device count is harmless (JAX uses the accelerators).
     """
-    if "XLA_FLAGS" in os.environ:
-        return False
-    from jax._src import xla_bridge
+    import jax
 
-    if xla_bridge.backends_are_initialized():
+    flags = os.environ.get("XLA_FLAGS", "")
+    try:
+        if "xla_force_host_platform_device_count" not in flags:
+            jax.config.update("jax_num_cpu_devices", n_devices)
+    except RuntimeError:  # the backend has started: the devices are what they are
         return False
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n_devices} {CPU_REMAT_FLAG}"
+    if "cse_barrier_expander" not in flags:  # read when the backend starts, i.e. still in time
+        os.environ["XLA_FLAGS"] = f"{flags} {CPU_REMAT_FLAG}".strip()
     return True
 
 
@@ -147,9 +152,34 @@ def enable_compilation_cache(directory: str) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def memory_budget_bytes(budget_gb: Optional[float]) -> Optional[int]:
-    """Per-device byte budget: the configured GiB, else the accelerator's memory (the smallest over
-    processes; None on CPU)."""
+# JAX's GPU allocator takes this fraction of device memory unless told otherwise.
+DEFAULT_GPU_MEM_FRACTION = 0.75
+
+
+def allocator_fraction() -> float:
+    """The fraction of an accelerator's memory JAX's allocator can use: XLA_PYTHON_CLIENT_MEM_FRACTION,
+    else JAX's default (0.75); 1.0 when preallocation is off and no fraction is set."""
+    value = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    if value:
+        try:
+            return min(1.0, max(0.0, float(value)))
+        except ValueError:
+            pass
+    if os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").lower() in ("false", "0"):
+        return 1.0
+    return DEFAULT_GPU_MEM_FRACTION
+
+
+def usable_bytes(device_bytes: int, headroom: float) -> int:
+    """The budget of a device of `device_bytes` when planned from elsewhere: what JAX's
+    allocator would get there, less the `headroom` fraction of it."""
+    return int(device_bytes * allocator_fraction() * (1.0 - headroom))
+
+
+def memory_budget_bytes(budget_gb: Optional[float], headroom: float = 0.0) -> Optional[int]:
+    """Per-device byte budget: the configured GiB, else what JAX's allocator can use on the
+    accelerator (`memory_stats()['bytes_limit']`, the smallest over processes) less the
+    `headroom` fraction of it; None on CPU (unlimited)."""
     if budget_gb is not None:
         return int(budget_gb * 2**30)
     import jax
@@ -158,9 +188,11 @@ def memory_budget_bytes(budget_gb: Optional[float]) -> Optional[int]:
     if device.platform == "cpu":
         return None
     limit = (device.memory_stats() or {}).get("bytes_limit")
-    if limit is not None and jax.process_count() > 1:  # every process must select the same programs
+    if limit is None:
+        return None
+    if jax.process_count() > 1:  # every process must select the same programs
         import numpy as np
         from jax.experimental import multihost_utils
 
         limit = int(multihost_utils.process_allgather(np.int32(limit // 2**20)).min()) * 2**20
-    return limit
+    return int(limit * (1.0 - headroom))

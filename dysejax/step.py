@@ -44,9 +44,10 @@ def _microbatches(batch, n: int):
 def make_train_step(model: Transformer, optimizer: Optimizer, plan: Plan, mesh: Mesh,
                     grad_accum: int = 1, skip_nonfinite: bool = False,
                     pipeline: Optional[Pipeline] = None) -> Callable:
-    """state, batch -> new state, metrics. Gradients are taken at XGrad's predicted weights.
+    """state, batch, horizon -> new state, metrics. Gradients are taken at XGrad's predicted weights.
 
-    With `skip_nonfinite`, a step whose loss or gradient norm is not finite leaves params and
+    `horizon` (an int32 scalar input, default the optimizer's own) is the lr schedule's length:
+    an input, not a constant, so a longer run compiles nothing new. With `skip_nonfinite`, a step whose loss or gradient norm is not finite leaves params and
     optimizer state as they were (metrics report `finite` either way).
     """
     grad_fn = jax.value_and_grad(lambda p, b: loss_sums(model, plan, mesh, p, b, pipeline), has_aux=True)
@@ -67,22 +68,23 @@ def make_train_step(model: Transformer, optimizer: Optimizer, plan: Plan, mesh: 
             accumulate, (jnp.zeros(()), jnp.zeros(()), zeros), _microbatches(batch, grad_accum))
         return loss_sum, count, grads
 
-    def train_step(state, batch):
+    def train_step(state, batch, horizon=None):
         params, opt_state, step = state["params"], state["opt_state"], state["step"]
-        params_hat = predict_params(optimizer, params, opt_state, step)
+        tx = optimizer.tx if horizon is None else optimizer.with_horizon(horizon)
+        params_hat = predict_params(optimizer, params, opt_state, step, horizon)
         loss_sum, count, grads = gradients(params_hat, batch)
         denom = jnp.maximum(count, 1.0)
         grads = jax.tree.map(lambda g: (g / denom).astype(g.dtype), grads)
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss_sum) & jnp.isfinite(grad_norm)
-        updates, new_opt_state = optimizer.tx.update(grads, opt_state, params)
+        updates, new_opt_state = tx.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         if skip_nonfinite:
             keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
             new_params = jax.tree.map(keep, new_params, params)
             new_opt_state = jax.tree.map(keep, new_opt_state, opt_state)
         metrics = {"loss": loss_sum / denom, "grad_norm": grad_norm, "finite": finite,
-                   "lr": optimizer.schedule(step), "loss_tokens": count}
+                   "lr": optimizer.schedule(step, horizon), "loss_tokens": count}
         return {"step": step + 1, "params": new_params, "opt_state": new_opt_state}, metrics
 
     return train_step

@@ -19,18 +19,20 @@ from typing import Optional
 import jax
 
 from costmodel.hardware import PROFILES
-from dysejax import runtime
+from dysejax import run_report, runtime
 from dysejax.autoplan import AutoPlanner, calibrate_here, check_hardware, resolve_hardware
 from dysejax.checkpoint import Checkpointer
 from dysejax.compile_watch import compile_counter
 from dysejax.config import Config
 from dysejax.data import DataPipeline
 from dysejax.errors import ConfigError, PlanError, TrainingError
+from dysejax.flops import peak_flops, train_flops
 from dysejax.metrics import MetricsWriter
 from dysejax.model.transformer import Transformer, block_spec, count_params
-from dysejax.optim import build_optimizer
+from dysejax.optim import build_optimizer, schedule_horizon
 from dysejax.plans import PlanTable
 from dysejax.programs import ProgramCache, ProgramKey, batch_sharding, gib
+from dysejax.progress import Phase, on_terminal
 from dysejax.state import StateLayout
 from dysejax.step import BATCH_KEYS, make_eval_step, make_train_step
 from sharding.layout import StorageLayout
@@ -57,6 +59,7 @@ class Trainer:
             raise ConfigError(f"--workdir {self.workdir!r} is a file: name a folder (created if missing)")
         self._new_workdir = not os.path.exists(self.workdir)  # removed if the first warmup finds a bad input
         self.verbose = verbose
+        self.is_writer = jax.process_index() == 0
         self.interrupted: Optional[int] = None  # signal number that stopped the last fit
         try:
             pp = config.parallel.pipeline
@@ -67,7 +70,7 @@ class Trainer:
         self.spec = block_spec(config.model)
         self.data = DataPipeline(config.data, seed=config.train.seed,
                                  batch_multiple=self._batch_multiple() * config.train.grad_accum)
-        self.budget = runtime.memory_budget_bytes(config.parallel.memory_budget_gb)
+        self.budget = runtime.memory_budget_bytes(config.parallel.memory_budget_gb, config.parallel.memory_headroom)
         self._planner: Optional[AutoPlanner] = None
         check_hardware(config.parallel.hardware)
         self.plans = PlanTable(config.parallel.plan, self.data.buckets, config.model.n_layers, list(STRATEGIES),
@@ -84,6 +87,7 @@ class Trainer:
         self._compiles_at_warmup = 0
         self.model = Transformer(config.model)
         self.optimizer = build_optimizer(config.optimizer, config.train.steps)
+        self.last_summary: Optional[dict] = None  # run_report.summarize of the last fit
         self.layout = StorageLayout(self.mesh)
         self.state_layout = StateLayout(config.model, self.optimizer, self.layout)
         self.programs = ProgramCache(
@@ -93,7 +97,8 @@ class Trainer:
                                                     skip_nonfinite=config.train.nonfinite == "skip",
                                                     pipeline=self.pipeline),
             make_eval=lambda plan: make_eval_step(self.model, plan, self.mesh, self.pipeline))
-        self.is_writer = jax.process_index() == 0
+        # an input of every train program, so a new --steps or optimizer.total_steps compiles nothing
+        self.programs.horizon = schedule_horizon(config.optimizer, config.train.steps)
         self._check_same_on_every_process()
 
     def _check_same_on_every_process(self) -> None:
@@ -116,17 +121,22 @@ class Trainer:
             cfg = self.config
             directory = cfg.parallel.costmodel_dir or os.path.join(self.workdir, "costmodel")
             hardware = resolve_hardware(cfg.parallel.hardware, self.mesh, directory)
-            if not isinstance(hardware, str):  # the devices are here: fit this model's memory to XLA
+            # timings differ per process, and every process must derive the same plans
+            profile_time = cfg.parallel.profile_time and jax.process_count() == 1
+            if cfg.parallel.profile_time and not profile_time:
+                self.log("parallel.profile_time is ignored with several processes: the shipped time model plans")
+            # the devices are here: fit this model's memory to XLA (only a budget needs it: without
+            # one every plan fits, and XLA's own figure is reported beside the prediction)
+            if not isinstance(hardware, str) and (self.budget is not None or profile_time):
                 buckets = self.data.buckets
                 shapes = [(self.data.batch_size(b), b) for b in {buckets[0], buckets[-1]}]
-                # timings differ per process, and every process must derive the same plans
-                profile_time = cfg.parallel.profile_time and jax.process_count() == 1
-                if cfg.parallel.profile_time and not profile_time:
-                    self.log("parallel.profile_time is ignored with several processes: the shipped time model plans")
-                hardware = calibrate_here(hardware, self.mesh, self.spec, shapes, directory, self.log, profile_time)
+                with Phase("cost model: calibrating on these devices", unit="program", log=self.log,
+                           enabled=self.verbose and self.is_writer) as phase:
+                    hardware = calibrate_here(hardware, self.mesh, self.spec, shapes, directory, self.log,
+                                              profile_time, progress=lambda what: phase.update(1, what))
             budget = self.budget
-            if budget is None and isinstance(hardware, str):  # planning a GPU from here: its memory
-                budget = PROFILES[hardware].memory_bytes
+            if budget is None and isinstance(hardware, str):  # planning a GPU from here: what JAX could use
+                budget = runtime.usable_bytes(PROFILES[hardware].memory_bytes, cfg.parallel.memory_headroom)
             self._planner = AutoPlanner(self.spec, dict(self.mesh.shape), cfg.model.n_layers, cfg.model.vocab_size,
                                         hardware, budget, cfg.model.param_dtype, cfg.optimizer.name,
                                         cfg.model.remat)
@@ -178,32 +188,32 @@ class Trainer:
 
         Raises PlanError after reporting if some bucket has no plan within the memory budget.
         """
-        from tqdm.auto import tqdm
+        from dysejax.plan_report import why_nothing_fits
 
         report, failures = [], []
         self.state_layout.compiled_init()
         jobs = self._jobs()
-        bar = tqdm(jobs, desc="warmup", unit="program", file=sys.stderr, disable=not (
-            self.verbose and self.is_writer and self.config.train.progress))
-        for kind, seq_len, batch_size in bar:
-            bar.set_postfix(bucket=seq_len, kind=kind, refresh=True)
-            candidates = self.plans.candidates(seq_len)
-            try:
-                self.programs.select(kind, seq_len, batch_size, candidates, self.budget)
-            except PlanError as e:
-                failures.append(e)
-            for plan in candidates:
-                p = self.programs.programs.get(ProgramKey(kind, seq_len, batch_size, plan.id))
-                if p is None:
-                    continue
-                fits = self.budget is None or p.bytes_per_device <= self.budget
-                report.append({"kind": kind, "seq_len": seq_len, "batch_size": batch_size, "plan": plan.id,
-                               "compile_s": p.compile_s, "bytes_per_device": p.bytes_per_device,
-                               "fits": fits, "selected": self.programs.selected_program(kind, seq_len, batch_size) is p})
-                self.log(f"warmup {kind:5s} bucket {seq_len:>6} x {batch_size:<4} plan {plan.id:<12} "
-                         f"{p.compile_s:6.2f} s  {gib(p.bytes_per_device)}/device"
-                         + ("" if fits else f"  over budget ({gib(self.budget)})"))
-        bar.close()
+        with Phase("warmup: compiling", total=len(jobs), unit="program", log=self.log,
+                   enabled=self.verbose and self.is_writer, bar=self._bar_on(), lazy=False) as phase:
+            for kind, seq_len, batch_size in jobs:
+                candidates = self.plans.candidates(seq_len)
+                try:
+                    self.programs.select(kind, seq_len, batch_size, candidates, self.budget)
+                except PlanError as e:
+                    failures.append(PlanError(f"{e}{why_nothing_fits(self, seq_len)}"))
+                for plan in candidates:
+                    p = self.programs.programs.get(ProgramKey(kind, seq_len, batch_size, plan.id))
+                    if p is None:
+                        continue
+                    fits = self.budget is None or p.bytes_per_device <= self.budget
+                    report.append({"kind": kind, "seq_len": seq_len, "batch_size": batch_size, "plan": plan.id,
+                                   "compile_s": p.compile_s, "bytes_per_device": p.bytes_per_device, "fits": fits,
+                                   "selected": self.programs.selected_program(kind, seq_len, batch_size) is p})
+                    if not phase.bar_on or not fits:  # the bar is the progress on a terminal
+                        self.log(f"warmup {kind:5s} bucket {seq_len:>6} x {batch_size:<4} plan {plan.id:<12} "
+                                 f"{p.compile_s:6.2f} s  {gib(p.bytes_per_device)}/device"
+                                 + ("" if fits else f"  over budget ({gib(self.budget)})"))
+                phase.update(1, f"{kind} {seq_len}")
         self.warmup_report = report
         runtime.agreed_signal(None)  # builds the per-step stop agreement of a multi-process run now
         self._compiles_at_warmup = self.compiles.lowered
@@ -234,10 +244,41 @@ class Trainer:
     def compiles_after_warmup(self) -> int:
         return self.compiles.lowered - self._compiles_at_warmup
 
+    def plan_rows(self) -> list[dict]:
+        """Per bucket, the train program warmup selected: plan, remat, predicted and XLA bytes."""
+        predicted = {}
+        if self._planner is not None:  # the cost model is built (auto): its prediction for each plan
+            for r in self.warmup_report or []:
+                if r["kind"] == "train" and r["selected"]:
+                    plan = self.parse_plan(r["plan"])
+                    predicted[(r["seq_len"], r["plan"])] = self.planner.predict(r["seq_len"], r["batch_size"], plan)[0]
+        return run_report.plan_rows(self.warmup_report or [], predicted)
+
+    def format_plans(self) -> str:
+        """The plan table printed before training."""
+        source = "parallel.plan"
+        if self.plans.auto_buckets:
+            hw = self.planner.hardware
+            source = f"auto: cost model for {hw if isinstance(hw, str) else hw.device_kind}"
+        return run_report.format_plan_table(self.plan_rows(), self.budget, source)
+
+    @property
+    def peak_flops(self) -> tuple[float, str]:
+        """(peak FLOP/s per device, its source) that MFU is measured against."""
+        return peak_flops(resolve_hardware("auto", self.mesh, None), self.config.train.peak_tflops)
+
     # -- pieces ------------------------------------------------------------------------------
     def log(self, message: str) -> None:
         if self.verbose and self.is_writer:
             print(message, flush=True)
+
+    def _bar_on(self) -> bool:
+        """Progress bars: train.progress and a terminal to redraw them on."""
+        return self.verbose and self.is_writer and self.config.train.progress and on_terminal()
+
+    def _step_lines_on(self) -> bool:
+        """Step log lines: whenever a bar does not show them on the terminal stdout goes to."""
+        return self.verbose and self.is_writer and not (self._bar_on() and sys.stdout.isatty())
 
     def load_batch(self, plan_b, plan: Plan) -> dict:
         """Global device arrays of one batch; this process materialises only the block of rows
@@ -258,7 +299,8 @@ class Trainer:
 
     @property
     def optimizer_horizon(self) -> int:
-        return self.config.optimizer.total_steps or self.config.train.steps
+        """The lr schedule's horizon: optimizer.total_steps, else train.steps."""
+        return self.programs.horizon
 
     def evaluate(self, params) -> Optional[float]:
         """Mean token loss over the fixed held-out batches."""
@@ -292,12 +334,14 @@ class Trainer:
         if target <= 0:
             raise ConfigError(f"--steps must be positive, got {target}")
         os.makedirs(self.workdir, exist_ok=True)
+        t_fit = time.perf_counter()
         self.interrupted = None
         self.log(describe_mesh(self.mesh))
         plans = ", ".join(sorted({p.id for p in self.plans.distinct()}))
         self.log(f"model: {count_params(self.state_layout.abstract['params']) / 1e6:.2f}M parameters, "
                  f"plans {plans}; {self.data.summary()}")
-        metrics = MetricsWriter(self.workdir, enabled=self.is_writer, tensorboard=cfg.train.tensorboard)
+        metrics = MetricsWriter(self.workdir, enabled=self.is_writer, tensorboard=cfg.train.tensorboard,
+                                wandb=self._wandb_settings())
         ckpt = Checkpointer(os.path.join(self.workdir, "checkpoints"), cfg.train.checkpoint_every,
                             cfg.train.keep_checkpoints, cfg.train.async_checkpoint)
         rows: list[dict] = []
@@ -308,8 +352,15 @@ class Trainer:
                 return rows
             if self.warmup_report is None:
                 self.warmup()
+            self.log(self.format_plans())
+            peak, peak_source = self.peak_flops
+            lines = self._step_lines_on()
+            if lines:
+                self.log(f"training steps {start + 1}..{target}, a line every {cfg.train.log_every} (MFU vs "
+                         f"{peak / 1e12:.4g} TFLOP/s per device: {peak_source})")
             reported = self.compiles_after_warmup
             skipped = 0
+            rates = run_report.BucketRates()
             with _stop_signals() as stop, _progress(self, start, target) as bar:
                 for step in range(start + 1, target + 1):
                     plan_b = it.next_plan()
@@ -325,6 +376,10 @@ class Trainer:
                            "step_time_s": dt, "tokens_per_s": plan_b.real_tokens / dt if dt > 0 else 0.0,
                            "lr": float(out["lr"]), "grad_norm": float(out["grad_norm"]),
                            "bytes_per_device": program.bytes_per_device}
+                    flops = train_flops(cfg.model, plan_b.batch_size, plan_b.bucket)
+                    row["model_tflops"] = flops / 1e12
+                    row["mfu"] = flops / (dt * peak * self.n_devices) if dt > 0 else 0.0
+                    row["bucket_tokens_per_s"] = rates.add(plan_b.bucket, row["tokens"], dt)
                     if not bool(out["finite"]):
                         if cfg.train.nonfinite == "stop":
                             raise TrainingError(
@@ -345,6 +400,8 @@ class Trainer:
                     metrics.write(row)
                     rows.append(row)
                     bar.update(row)
+                    if lines and (step % cfg.train.log_every == 0 or step in (start + 1, target)):
+                        self.log(run_report.format_step(row, target))
                     signum = runtime.agreed_signal(stop.signum)  # every process stops after the same step
                     if ckpt.should_save(step) or step == target or signum is not None:
                         ckpt.save(step, state, it.state(), self._meta())
@@ -358,7 +415,28 @@ class Trainer:
         finally:
             ckpt.close()
             metrics.close()
+        self._report_run(rows, time.perf_counter() - t_fit)
         return rows
+
+
+    def _report_run(self, rows: list[dict], wall_s: float) -> None:
+        """The per-bucket summary of this fit, and WORKDIR/run.png of the whole run."""
+        if not rows:
+            return
+        self.last_summary = run_report.summarize(rows)
+        self.log(run_report.format_summary(self.last_summary, wall_s))
+        if self.config.train.plot and self.is_writer:
+            from dysejax.run_plot import write_run_plot
+
+            path = write_run_plot(self.workdir)
+            self.log(f"plot: {path}" if path else "plot: not written (pip install matplotlib)")
+
+    def _wandb_settings(self) -> Optional[dict]:
+        t = self.config.train
+        if not t.wandb:
+            return None
+        return {"project": t.wandb_project, "mode": t.wandb_mode, "config": self.config.to_dict(),
+                "name": os.path.basename(self.workdir)}
 
 
 class _StopFlag:
@@ -383,10 +461,10 @@ def _stop_signals():
 
 @contextlib.contextmanager
 def _progress(trainer: Trainer, start: int, target: int):
-    """A tqdm bar showing tokens/s, loss and bucket."""
+    """A tqdm bar showing tokens/s, loss and bucket (on a terminal; log lines otherwise)."""
     from tqdm.auto import tqdm
 
-    enabled = trainer.verbose and trainer.is_writer and trainer.config.train.progress
+    enabled = trainer._bar_on()
     bar = tqdm(total=target, initial=start, disable=not enabled, unit="step", file=sys.stderr,
                dynamic_ncols=True, mininterval=0.5)
 

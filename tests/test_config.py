@@ -55,10 +55,31 @@ def test_bad_values_name_the_field(override, message):
     assert message in str(e.value)
 
 
-@pytest.mark.parametrize("text", ["train.steps", "=3", "a..b=1", "train.steps=[1,"])
+@pytest.mark.parametrize("text", ["train.steps", "=3", "a..b=1"])
 def test_bad_override_syntax(text):
     with pytest.raises(ConfigError, match="bad --set"):
         parse_override(text)
+
+
+def test_a_value_that_is_not_yaml_is_taken_as_written():
+    assert load_config(TINY, ["data.glob=*.txt"]).data.glob == "*.txt"  # YAML reads `*` as an alias
+    assert load_config(TINY, ["data.glob=[ab]*.py"]).data.glob == "[ab]*.py"
+    with pytest.raises(ConfigError, match=r"^train.steps: expected an integer, got '\[1,'$"):
+        load_config(TINY, ["train.steps=[1,"])
+
+
+@pytest.mark.parametrize("override,hint", [
+    ("optimizer.learning_rate=1e-3", "did you mean 'lr'?"),
+    ("train.lr=1e-3", "did you mean 'optimizer.lr'?"),
+    ("learning_rate=1e-3", "did you mean 'optimizer.lr'?"),
+    ("train.max_steps=5", "did you mean 'steps'?"),
+    ("model.num_layers=4", "did you mean 'n_layers'?"),
+    ("optimizer.lrr=1", "did you mean 'lr'?"),
+])
+def test_aliases_get_a_did_you_mean(override, hint):
+    with pytest.raises(ConfigError) as e:
+        load_config(TINY, [override])
+    assert hint in str(e.value)
 
 
 def test_missing_and_malformed_files(tmp_path):

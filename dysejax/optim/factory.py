@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -15,15 +16,29 @@ from dysejax.optim.schedule import lr_schedule
 
 @dataclass(frozen=True)
 class Optimizer:
-    """An optax transformation with its lr schedule and the hyper-parameters XGrad needs."""
+    """An optax transformation with its lr schedule and the hyper-parameters XGrad needs.
+
+    `tx` schedules the lr over the default `horizon`; `with_horizon(h)` is the same chain (same
+    state) over horizon `h`, which may be a traced value: the train step takes it as an input.
+    """
 
     name: str  # sgdm | adam | adamw | adabelief | adam3
     tx: optax.GradientTransformation
-    schedule: optax.Schedule  # step -> lr, the one inside `tx`
+    make_tx: Callable  # horizon -> the chain with its lr schedule over that horizon
+    make_schedule: Callable  # horizon -> (step -> lr)
+    horizon: int  # the default schedule horizon
     b1: float
     b2: float
     eps: float
     prediction_steps: int = 0  # XGrad s; 0: no weight prediction
+
+    def schedule(self, step, horizon=None):
+        """The lr at `step` over `horizon` (default: the optimizer's own)."""
+        return self.make_schedule(self.horizon if horizon is None else horizon)(step)
+
+    def with_horizon(self, horizon) -> optax.GradientTransformation:
+        """The chain with its lr schedule over `horizon` (an int or a traced scalar)."""
+        return self.make_tx(horizon)
 
     def init(self, params):
         """The initial optimizer state for `params`."""
@@ -39,16 +54,29 @@ def weight_decay_mask(params):
     return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
 
 
-def build_optimizer(cfg: OptimizerConfig, total_steps: int) -> Optimizer:
-    """The optimizer `cfg` describes; the schedule's horizon is `cfg.total_steps` or else `total_steps`."""
+def schedule_horizon(cfg: OptimizerConfig, total_steps: int) -> int:
+    """The lr schedule's horizon: `cfg.total_steps`, else `total_steps` (the run's step target)."""
     horizon = cfg.total_steps if cfg.total_steps is not None else total_steps
     if horizon <= 0:
         raise ConfigError(f"optimizer schedule horizon must be positive, got total_steps={horizon}")
-    schedule = lr_schedule(cfg.lr, cfg.warmup_steps, horizon, cfg.min_lr_ratio)
-    tx = _base(cfg, schedule)
-    if cfg.clip_norm is not None:
-        tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx)
-    return Optimizer(name=cfg.name, tx=tx, schedule=schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+    return horizon
+
+
+def build_optimizer(cfg: OptimizerConfig, total_steps: Optional[int] = None) -> Optimizer:
+    """The optimizer `cfg` describes; its default horizon is `schedule_horizon(cfg, total_steps)`."""
+    horizon = schedule_horizon(cfg, 1 if total_steps is None else total_steps)
+
+    def make_schedule(h):
+        return lr_schedule(cfg.lr, cfg.warmup_steps, h, cfg.min_lr_ratio)
+
+    def make_tx(h):
+        tx = _base(cfg, make_schedule(h))
+        if cfg.clip_norm is not None:
+            tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx)
+        return tx
+
+    return Optimizer(name=cfg.name, tx=make_tx(horizon), make_tx=make_tx, make_schedule=make_schedule,
+                     horizon=horizon, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
                      prediction_steps=cfg.weight_prediction_steps)
 
 

@@ -50,16 +50,16 @@ def update_direction(optimizer: Optimizer, opt_state):
     return _debiased_ratio(state.mu, state.nu, state.count, optimizer.b1, optimizer.b2, optimizer.eps)
 
 
-def predict_params(optimizer: Optimizer, params, opt_state, step):
+def predict_params(optimizer: Optimizer, params, opt_state, step, horizon=None):
     """θ̂ = θ − s·lr(step)·Δ (XGrad); `params` itself, untouched, when s = 0. Pure and jit-friendly.
 
     `step` is the number of updates applied so far: the count the schedule inside `tx` will use
-    for the next update.
+    for the next update; `horizon` the schedule's (default: the optimizer's own).
     """
     s = optimizer.prediction_steps
     if s == 0:
         return params
-    scale = s * optimizer.schedule(step)
+    scale = s * optimizer.schedule(step, horizon)
     direction = update_direction(optimizer, opt_state)
     return jax.tree.map(lambda p, d: (p - scale * d).astype(p.dtype), params, direction)
 

@@ -1,0 +1,59 @@
+"""Progress of long phases: a tqdm bar on a terminal, plain lines otherwise (logs, pipes, notebooks).
+
+A run's output is read two ways: live on a terminal, where a bar redraws in place, and later in
+a log file or CI output, where a redrawn bar is noise. `on_terminal()` decides which; `Phase`
+shows a bar, or a line when the phase starts and one when it ends (with its duration).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable, Optional
+
+
+def on_terminal() -> bool:
+    """Whether a progress bar can redraw in place (stderr, where tqdm writes, is a terminal)."""
+    return sys.stderr.isatty()
+
+
+class Phase:
+    """`with Phase("warmup", total=10, log=print) as p: ... p.update(1, note)`: a bar or two lines.
+
+    With `lazy`, nothing shows until the first `update` (a phase served from a cache stays silent)."""
+
+    def __init__(self, desc: str, total: Optional[int] = None, unit: str = "it", enabled: bool = True,
+                 log: Callable[[str], None] = print, bar: Optional[bool] = None, lazy: bool = True):
+        self.desc, self.total, self.unit, self.enabled, self.log = desc, total, unit, enabled, log
+        self.lazy, self._started = lazy, False
+        self.bar_on = enabled and (on_terminal() if bar is None else bar)
+        self.count, self._bar, self._t0 = 0, None, 0.0
+
+    def __enter__(self) -> "Phase":
+        self._t0 = time.perf_counter()
+        if not self.lazy:
+            self._start()
+        return self
+
+    def _start(self) -> None:
+        self._started = True
+        if self.bar_on:
+            from tqdm.auto import tqdm
+            self._bar = tqdm(total=self.total, desc=self.desc, unit=self.unit, file=sys.stderr, dynamic_ncols=True)
+        elif self.enabled:
+            of = f" ({self.total} {self.unit}s)" if self.total else ""
+            self.log(f"{self.desc}{of} ...")
+
+    def update(self, n: int = 1, note: Optional[str] = None) -> None:
+        if not self._started:
+            self._start()
+        self.count += n
+        if self._bar is not None:
+            if note:
+                self._bar.set_postfix_str(note, refresh=False)
+            self._bar.update(n)
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        elif self.enabled and self.count and exc[0] is None:
+            self.log(f"{self.desc}: {self.count} {self.unit}s in {time.perf_counter() - self._t0:.1f} s")
