@@ -37,7 +37,9 @@ class ModelConfig:
     rope_theta: float = 10000.0
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
-    attention: Literal["auto", "dense", "blockwise"] = "auto"
+    # auto: on a GPU a fused kernel (cudnn for unpacked bf16 rows, else pallas), on CPU dense up to
+    # attention_block and blockwise above; a fused kernel falls back to blockwise where it cannot serve
+    attention: Literal["auto", "dense", "blockwise", "cudnn", "pallas"] = "auto"
     attention_block: int = 512  # key block of the blockwise path; auto uses it above this length
     scan_layers: bool = True
     remat: Literal["none", "full", "dots"] = "none"  # default policy for plan runs without one

@@ -48,6 +48,18 @@ def default_workdir(config_path: Optional[str]) -> str:
     return os.path.join("runs", stem)
 
 
+def with_attention_kernel(config: Config, platform: str):
+    """`config.model` with `attention: auto` resolved for `platform`: on a GPU cuDNN's fused kernel
+    for rows of one document in bfloat16/float16 (data.pack false), Pallas's (segment ids) for
+    packed rows; elsewhere auto stays (dense up to attention_block, blockwise above). Checkpoints
+    keep the config as written, so a run moves between CPU and GPU."""
+    m = config.model
+    if m.attention != "auto" or platform != "gpu":
+        return m
+    unpacked_half = not config.data.pack and m.compute_dtype != "float32"
+    return dataclasses.replace(m, attention="cudnn" if unpacked_half else "pallas")
+
+
 class Trainer:
     """Trains `config`'s model on its data; `fit(steps)` returns the metrics rows it wrote."""
 
@@ -67,7 +79,8 @@ class Trainer:
         except MeshError as e:
             raise ConfigError(str(e)) from None
         self.n_devices = self.mesh.devices.size
-        self.spec = block_spec(config.model)
+        self.model_config = with_attention_kernel(config, self.mesh.devices.flat[0].platform)
+        self.spec = block_spec(self.model_config)
         self.data = DataPipeline(config.data, seed=config.train.seed,
                                  batch_multiple=self._batch_multiple() * config.train.grad_accum)
         self.budget = runtime.memory_budget_bytes(config.parallel.memory_budget_gb, config.parallel.memory_headroom)
@@ -85,7 +98,7 @@ class Trainer:
         self.compiles = compile_counter()
         self.warmup_report: Optional[list[dict]] = None
         self._compiles_at_warmup = 0
-        self.model = Transformer(config.model)
+        self.model = Transformer(self.model_config)
         self.optimizer = build_optimizer(config.optimizer, config.train.steps)
         self.last_summary: Optional[dict] = None  # run_report.summarize of the last fit
         self.layout = StorageLayout(self.mesh)

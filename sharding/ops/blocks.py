@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from sharding.ops.attention import blockwise_attention, dense_attention
+from sharding.ops.fused_attention import KERNELS, fused_attention
 from sharding.ops.rope import apply_rope
 
 
@@ -25,7 +26,7 @@ class BlockSpec:
     d_ff: int
     gated: bool = True
     activation: str = "silu"
-    attention: str = "auto"  # auto | dense | blockwise
+    attention: str = "auto"  # auto | dense | blockwise | cudnn | pallas (fused, blockwise where they do not serve)
     attention_block: int = 512
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
@@ -36,9 +37,10 @@ class BlockSpec:
         return jnp.dtype(self.compute_dtype)
 
     def use_blockwise(self, seq_len: int) -> bool:
+        """Whether attention at this length keeps O(S) memory (blockwise, or a fused flash kernel)."""
         if self.attention == "auto":
             return seq_len > self.attention_block
-        return self.attention == "blockwise"
+        return self.attention in ("blockwise", *KERNELS)
 
 
 _ACTIVATIONS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu, "relu": jax.nn.relu}
@@ -61,9 +63,16 @@ def qkv_projection(wqkv, x, positions, spec: BlockSpec):
 
 def local_attention(q, k, v, spec: BlockSpec, *, q_segment_ids=None, kv_segment_ids=None,
                     q_index=None, kv_index=None):
-    """Causal, segment-masked attention over the keys this device holds (dense or blockwise)."""
+    """Causal, segment-masked attention over the keys this device holds: a fused kernel where
+    `spec.attention` names one and it serves the case (self-attention over whole rows), else
+    dense or blockwise."""
     kwargs = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                   q_index=q_index, kv_index=kv_index)
+    whole_rows = q_index is None and kv_index is None and q_segment_ids is not None and q_segment_ids is kv_segment_ids
+    if spec.attention in KERNELS and whole_rows:
+        out, _ = fused_attention(spec.attention, q, k, v, q_segment_ids)
+        if out is not None:
+            return out
     if spec.use_blockwise(k.shape[1]):
         return blockwise_attention(q, k, v, block_size=spec.attention_block, **kwargs)
     return dense_attention(q, k, v, **kwargs)
