@@ -18,12 +18,18 @@ def layer_matmul_params(cfg: ModelConfig) -> int:
     return d * 3 * h * k + h * k * d + d * (2 if cfg.mlp == "gated" else 1) * f + f * d
 
 
-def train_flops(cfg: ModelConfig, batch: int, seq_len: int, causal: bool = True) -> float:
-    """Forward + backward FLOPs of one step on a [batch, seq_len] batch (3x the forward)."""
+def train_flops_split(cfg: ModelConfig, batch: int, seq_len: int, causal: bool = True) -> tuple[float, float]:
+    """(weight matmul, attention score/PV) FLOPs of one step on a [batch, seq_len] batch,
+    forward + backward (3x the forward)."""
     tokens = batch * seq_len
     matmul = 2.0 * tokens * (cfg.n_layers * layer_matmul_params(cfg) + cfg.d_model * cfg.vocab_size)
     attention = 4.0 * batch * seq_len ** 2 * cfg.n_heads * cfg.resolved_head_dim * cfg.n_layers
-    return 3.0 * (matmul + (attention / 2 if causal else attention))
+    return 3.0 * matmul, 3.0 * (attention / 2 if causal else attention)
+
+
+def train_flops(cfg: ModelConfig, batch: int, seq_len: int, causal: bool = True) -> float:
+    """Forward + backward FLOPs of one step on a [batch, seq_len] batch."""
+    return sum(train_flops_split(cfg, batch, seq_len, causal))
 
 
 def peak_flops(hardware, override_tflops: Optional[float] = None) -> tuple[float, str]:
