@@ -37,7 +37,7 @@ class Phase:
     def _start(self) -> None:
         self._started = True
         if self.bar_on:
-            from tqdm.auto import tqdm
+            from tqdm import tqdm
             self._bar = tqdm(total=self.total, desc=self.desc, unit=self.unit, file=sys.stderr, dynamic_ncols=True)
         elif self.enabled:
             of = f" ({self.total} {self.unit}s)" if self.total else ""

@@ -475,7 +475,7 @@ def _stop_signals():
 @contextlib.contextmanager
 def _progress(trainer: Trainer, start: int, target: int):
     """A tqdm bar showing tokens/s, loss and bucket (on a terminal; log lines otherwise)."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     enabled = trainer._bar_on()
     bar = tqdm(total=target, initial=start, disable=not enabled, unit="step", file=sys.stderr,
