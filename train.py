@@ -99,8 +99,9 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             report = trainer.warmup()
             print(trainer.format_plans())
-            print(f"warmup: {len(report)} programs in {time.perf_counter() - t0:.1f} s "
-                  f"(compile cache: {trainer.compile_cache_dir or 'off'})")
+            c = trainer.compiles
+            print(f"warmup: {len(report)} programs in {time.perf_counter() - t0:.1f} s; XLA compiled "
+                  f"{c.xla_compiled}, {c.cache_hits} from the compile cache ({trainer.compile_cache_dir or 'off'})")
             return 0
         trainer.fit()
     except dysejax.UserError as e:
