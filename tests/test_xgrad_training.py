@@ -52,7 +52,7 @@ def _losses(rows):
 
 def _bypass_prediction(monkeypatch):
     """Train steps built from now on never call the prediction code (the plain optimizer)."""
-    monkeypatch.setattr(dysejax.step, "predict_params", lambda optimizer, params, opt_state, step: params)
+    monkeypatch.setattr(dysejax.step, "predict_params", lambda optimizer, params, opt_state, step, horizon=None: params)
 
 
 def _host(tree):
