@@ -81,7 +81,7 @@ def _case(kind, tmp, trained):
                                                        "(model.param_dtype: checkpoint 'float32', config 'bfloat16')"),
         # command line
         "set_syntax": (["train.steps"], "bad --set 'train.steps': expected dotted.key=value"),
-        "set_yaml": (["model.n_layers=[1"], "bad --set 'model.n_layers=[1': value is not valid YAML"),
+        "set_yaml": (["model.n_layers=[1"], "model.n_layers: expected an integer, got '[1'"),  # taken as text
     }
     flags = {
         "unknown_flag": (["--bogus"], "unrecognized arguments: --bogus"),
