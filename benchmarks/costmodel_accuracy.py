@@ -1,6 +1,8 @@
-"""Accuracy of the cost model: predicted vs XLA memory and vs measured step time, held-out lengths.
+"""Accuracy of the memory model and of the FLOP counts: predicted vs XLA, held-out lengths and shapes.
 
     python benchmarks/costmodel_accuracy.py [--quick] [--json OUT] [--cache DIR] [--write-coefficients]
+
+(The time model's accuracy, measured by running programs: benchmarks/time_accuracy.py.)
 
 Memory (compiled only, nothing executed): per-strategy feature multipliers are fitted
 (`costmodel.memory_fit.fit_coefficients`) on XLA's per-device figures for a layer stack compiled with
@@ -9,10 +11,8 @@ and shapes not used for fitting (other lengths, a larger length, a bf16 / gated 
 a {data: 2, model: 4} mesh): the per-device total (argument + output + temp) of a 3-layer step,
 plus the per-layer stored bytes and transient where both stacks were compiled.
 
-Time (executed on this machine's 8 simulated CPU devices): each strategy's 2-layer step is timed
-(min of several runs: the machine is shared) at a few lengths of a tiny shape; the device
-coefficients are fitted (`costmodel.profile.fit_time`) on some lengths and the prediction is
-checked on the others.
+FLOPs: the time model's analytical matmul FLOPs of a 2-layer step vs the dots of the compiled
+HLO times their loop trip counts (compile only).
 
 `--cache DIR` keeps the measured samples so a rerun only compiles what is missing;
 `--write-coefficients` replaces the shipped memory coefficients (costmodel/memory_coefficients.json)
@@ -35,7 +35,6 @@ import numpy as np  # noqa: E402
 
 from costmodel import memory as M  # noqa: E402
 from costmodel import memory_fit as F  # noqa: E402
-from costmodel.profile import Calibration, TimeSample, fit_time, measure_times, predict_step_time  # noqa: E402
 from sharding.ops.blocks import BlockSpec  # noqa: E402
 
 STRATEGIES = ("dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp")
@@ -50,17 +49,18 @@ SPEC_HELD = BlockSpec(n_heads=16, head_dim=32, d_model=512, d_ff=1536, gated=Tru
 SPEC_SMALL = BlockSpec(n_heads=8, head_dim=32, d_model=256, d_ff=1024, gated=True, activation="silu",
                        attention_block=256)
 # Time: tiny shape that runs in well under a second per step on 2 cores.
-SPEC_TIME = BlockSpec(n_heads=8, head_dim=16, d_model=128, d_ff=384, attention_block=128)
+# FLOPs check: a tiny shape.
+SPEC_FLOPS = BlockSpec(n_heads=8, head_dim=16, d_model=128, d_ff=384, attention_block=128)
 
 
 def plans(quick: bool):
-    """(memory fit jobs, memory held-out jobs, time fit lengths, time held-out lengths).
+    """(memory fit jobs, memory held-out jobs).
     A job: (label, spec, mesh shape, batch, seq_len, remat, two_stacks)."""
     if quick:
         fit = [("cal", SPEC_CAL, {"data": 8}, 8, s, "none", True) for s in (512, 2048)]
         held = [("cal", SPEC_CAL, {"data": 8}, 8, 1024, "none", False),
                 ("bf16-gated", SPEC_HELD, {"data": 8}, 8, 2048, "none", False)]
-        return fit, held, (64, 512), (256,)
+        return fit, held
     fit = [("cal", SPEC_CAL, {"data": 8}, 8, s, "none", True) for s in (256, 512, 1024, 4096)]
     fit += [("cal", SPEC_CAL, {"data": 8}, 8, s, r, True) for s in (512, 4096) for r in ("full", "dots")]
     fit += [("gated-256", SPEC_SMALL, {"data": 8}, 8, s, "none", True) for s in (512, 4096)]
@@ -70,7 +70,7 @@ def plans(quick: bool):
     held += [("bf16-gated", SPEC_HELD, {"data": 8}, 8, s, "none", False) for s in (1024, 4096)]
     held += [("gated-256", SPEC_SMALL, {"data": 8}, 8, s, "none", False) for s in (1024, 2048)]
     held += [("mesh 2x4", SPEC_CAL, {"data": 2, "model": 4}, 4, 2048, "none", False)]
-    return fit, held, (64, 256, 1024), (128, 512)
+    return fit, held
 
 
 # ------------------------------------------------------------------------------------------------
@@ -139,30 +139,6 @@ def summary(errs) -> dict:
 # ------------------------------------------------------------------------------------------------
 # Time
 # ------------------------------------------------------------------------------------------------
-def measure_time(lengths, cache: dict, mesh, log, repeats: int, save=None) -> list[TimeSample]:
-    """Time every strategy at every length (programs interleaved in rounds; the fit uses process
-    CPU time, which other tenants' load inflates less than wall time). metp is timed on its own
-    after the others and each group is saved: XLA:CPU can abort a METP program (see `main`), and
-    a retry then only measures what is missing."""
-    # every strategy but metp interleaved in one set of rounds; metp (which can abort) on its own
-    for group in (tuple(st for st in STRATEGIES if st != "metp"), ("metp",)):
-        todo = [st for st in group if any(f"time|{s}|{st}" not in cache for s in lengths)]
-        missing = [s for s in lengths if any(f"time|{s}|{st}" not in cache for st in todo)]
-        if not todo:
-            continue
-        t0 = time.time()
-        got = measure_times(mesh, SPEC_TIME, 8, missing, todo, ("none",), n_layers=2, repeats=repeats)
-        for smp in got:
-            cache[f"time|{smp.shape.seq_len}|{smp.strategy}"] = smp.to_json()
-            log(f"  s={smp.shape.seq_len:5d} {smp.strategy:8s} {smp.seconds * 1e3:8.1f} ms (min), "
-                f"{smp.median * 1e3:8.1f} ms (median), {smp.cpu_seconds * 1e3:8.1f} CPU ms (min)")
-        log(f"  {', '.join(todo)}: compiled and timed {len(got)} programs in {time.time() - t0:.0f}s")
-        if save:
-            save()
-    return [TimeSample.from_json(cache[f"time|{s}|{st}"]) for s in lengths for st in STRATEGIES
-            if f"time|{s}|{st}" in cache]
-
-
 # ------------------------------------------------------------------------------------------------
 # End to end: CostTable.plan_bytes vs the trainer's compiled train step
 # ------------------------------------------------------------------------------------------------
@@ -227,9 +203,9 @@ def flops_check(cache: dict, mesh, log, lengths=(128, 512)) -> list[dict]:
         for strategy in STRATEGIES:
             key = f"flops|{s}|{strategy}"
             if key not in cache:
-                c = layer_step(strategy, SPEC_TIME, mesh, 8, s, n_layers=2)
+                c = layer_step(strategy, SPEC_FLOPS, mesh, 8, s, n_layers=2)
                 cache[key] = {"hlo": T.hlo_dot_flops(c.as_text()), "cost_analysis": figures_flops(c)}
-            shape = M.Shape(SPEC_TIME, {"data": 8}, 8, s, backend="cpu")
+            shape = M.Shape(SPEC_FLOPS, {"data": 8}, 8, s, backend="cpu")
             w = T.layer_work(shape, strategy, skip_masked=False)
             analytic = 2 * (w.matmul_flops + w.attn_flops)
             hlo = cache[key]["hlo"]
@@ -256,29 +232,10 @@ def main(argv=None):
     ap.add_argument("--cache", help="directory keeping measured samples between runs")
     ap.add_argument("--write-coefficients", action="store_true",
                     help="replace costmodel/memory_coefficients.json with the coefficients fitted here")
-    ap.add_argument("--skip-time", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--time-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--skip-flops", action="store_true")
     args = ap.parse_args(argv)
     t_start = time.time()
-    if not args.skip_time and not args.time_worker:
-        # XLA:CPU can deadlock (and abort after 40 s) when the 8 simulated devices of one program
-        # start independent collectives in different orders: seen with `metp`, whose head-group
-        # broadcast (psum) and K/V ring (ppermute) are independent. Time in child processes that
-        # save after each strategy, retrying what is missing.
-        import subprocess
-        import tempfile
-        cache_dir = args.cache or tempfile.mkdtemp(prefix="costmodel_bench_")
-        args.cache = cache_dir
-        for attempt in range(4):
-            cmd = [sys.executable, os.path.abspath(__file__), "--time-worker", "--skip-memory", "--cache", cache_dir,
-                   "--repeats", str(args.repeats)] + (["--quick"] if args.quick else [])
-            if subprocess.run(cmd).returncode == 0:
-                break
-            print(f"time worker aborted (attempt {attempt + 1}; XLA:CPU collective deadlock?)"
-                  + ("; retrying what is missing" if attempt < 3 else "; reporting what was measured"), flush=True)
-
     import jax
 
     from sharding.mesh import build_mesh
@@ -299,7 +256,7 @@ def main(argv=None):
             with open(cache_file, "w") as fh:
                 json.dump(cache, fh)
 
-    fit_jobs, held_jobs, t_fit, t_held = plans(args.quick)
+    fit_jobs, held_jobs = plans(args.quick)
     result = {"quick": args.quick, "devices": f"{len(jax.devices())} x {jax.devices()[0].device_kind}"}
     meshes = {}
     if not args.skip_memory:
@@ -365,57 +322,8 @@ def main(argv=None):
                 print(f"end-to-end {part:15s} error (median / max): {100 * v['median']:.2f}% / "
                       f"{100 * v['max']:.2f}%  (n={v['n']})")
 
-    if not args.skip_time:
-        log("\ntime: timing layer steps on this machine")
+    if not args.skip_flops:
         mesh = meshes.get((("data", 8),)) or build_mesh({"data": 8})
-        if args.time_worker:
-            flops_check(cache, mesh, log, (128,) if args.quick else (128, 512))  # compile only
-            save_cache()
-            measure_time(tuple(t_fit) + tuple(t_held), cache, mesh, log, args.repeats, save=save_cache)
-            return {}
-        # the parent only reads what the workers measured (a deadlocked program would abort it)
-        have = lambda lengths: [TimeSample.from_json(cache[f"time|{s}|{st}"]) for s in lengths  # noqa: E731
-                                for st in STRATEGIES if f"time|{s}|{st}" in cache]
-        fit_t, held_t = have(t_fit), have(t_held)
-        missing = sorted({st for st in STRATEGIES for s_ in tuple(t_fit) + tuple(t_held)
-                          if f"time|{s_}|{st}" not in cache})
-        if missing:
-            print(f"not timed (the worker aborted): {', '.join(missing)}")
-        coeffs_t, step, report = fit_time(fit_t, name="cpu", shared_compute=True, overlap=False)
-        cal = Calibration("cpu", {"data": 8}, coeffs_t, step_overhead_s=step)
-        from costmodel.profile import wall_per_cpu
-        ratio = wall_per_cpu(fit_t) if all(x.cpu_seconds > 0 for x in fit_t) else None
-        rows = []
-        for smp in fit_t + held_t:
-            pred = predict_step_time(cal, smp.shape, smp.strategy, smp.remat, smp.n_layers)
-            corrected = smp.cpu_seconds * ratio if ratio else smp.seconds
-            rows.append({"seq_len": smp.shape.seq_len, "strategy": smp.strategy, "measured_s": smp.seconds,
-                         "median_s": smp.median, "cpu_s": smp.cpu_seconds, "corrected_s": corrected, "pred_s": pred,
-                         "err": abs(pred - corrected) / corrected, "err_wall": abs(pred - smp.seconds) / smp.seconds,
-                         "held_out": smp in held_t})
-        print("\nTime of a 2-layer fwd+bwd step on this machine: wall = min of runs; load-corrected = process "
-              f"CPU seconds x {ratio or 1:.3f} (median wall/CPU of the fit samples)")
-        print(f"{'seq':>6s} {'strategy':8s} {'wall ms':>9s} {'CPU ms':>9s} {'corrected':>10s} {'pred ms':>9s} "
-              f"{'err':>6s} {'vs wall':>8s}")
-        for r in rows:
-            if r["held_out"]:
-                print(f"{r['seq_len']:6d} {r['strategy']:8s} {1e3 * r['measured_s']:9.1f} {1e3 * r['cpu_s']:9.1f} "
-                      f"{1e3 * r['corrected_s']:10.1f} {1e3 * r['pred_s']:9.1f} {100 * r['err']:5.1f}% "
-                      f"{100 * r['err_wall']:7.1f}%")
-        tres = {"not_timed": missing, "held_out": summary([r["err"] for r in rows if r["held_out"]]),
-                "fit": summary([r["err"] for r in rows if not r["held_out"]]),
-                "held_out_vs_wall": summary([r["err_wall"] for r in rows if r["held_out"]]),
-                "wall_per_cpu": ratio,
-                "rows": rows, "coefficients": coeffs_t.to_json(), "step_overhead_s": step, "fit_report": report}
-        result["time"] = tres
-        print("\ntime relative error (median / max):")
-        for part in ("held_out", "held_out_vs_wall", "fit"):
-            v = tres[part]
-            if v["n"]:
-                print(f"  {part:9s} {100 * v['median']:6.2f}% / {100 * v['max']:6.2f}%  (n={v['n']})")
-
-    if not args.skip_time and all(f"flops|{s_}|{st}" in cache for s_ in ((128,) if args.quick else (128, 512))
-                                  for st in STRATEGIES):
         rows = flops_check(cache, mesh, log, (128,) if args.quick else (128, 512))
         save_cache()
         print("\nFLOPs of a 2-layer step per device: analytical (every tile counted) vs dots in the compiled HLO "

@@ -2,8 +2,11 @@
 
 `parallel.plan: auto` on CPU prices plans with the calibration fitted in WORKDIR/costmodel when
 there is one, else with this one: the time model's device rates fitted to real layer programs of
-a small model (every strategy, lengths 64..2048) timed on this machine, and the shipped memory
-coefficients. Usage: python benchmarks/fit_cpu_calibration.py [--out FILE] [--repeats N]
+a small model (every strategy under every remat policy, lengths 64..2048) timed on this machine,
+and the shipped memory coefficients. Terms the samples cannot determine keep the previous
+calibration's rates and are listed in its meta. With `parallel.profile_time` the trainer also
+measures its own model's layer per option, which corrects these rates per option.
+Usage: python benchmarks/fit_cpu_calibration.py [--out FILE] [--repeats N]
 """
 import argparse
 import json
@@ -14,7 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
                       "--xla_disable_hlo_passes=cse_barrier_expander")
 
-from costmodel.profile import DEFAULT_CALIBRATION, profile  # noqa: E402
+from costmodel.calibration import DEFAULT_CALIBRATION  # noqa: E402
+from costmodel.profile import profile  # noqa: E402
 from sharding.mesh import build_mesh  # noqa: E402
 from sharding.ops.blocks import BlockSpec  # noqa: E402
 
@@ -29,16 +33,18 @@ def main(argv=None):
     args = ap.parse_args(argv)
     mesh = build_mesh({"data": 8})
     strategies = ("dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp")
-    cal = profile(mesh, SPEC, LENGTHS, batch=8, strategies=strategies, repeats=args.repeats, reuse=False,
-                  progress=lambda s: print(f"  s={s.shape.seq_len:5d} {s.strategy:8s} {s.seconds * 1e3:8.2f} ms",
-                                           flush=True))
+    cal = profile(mesh, SPEC, LENGTHS, batch=8, strategies=strategies, remats=("none", "dots", "full"),
+                  repeats=args.repeats, reuse=False,
+                  progress=lambda s: print(f"  s={s.shape.seq_len:5d} {s.strategy:8s} {s.remat:5s} "
+                                           f"{s.seconds * 1e3:8.2f} ms", flush=True))
     cal.meta.pop("samples", None)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(cal.to_json(), fh, indent=1, sort_keys=True)
     fit = cal.meta["fit"]
     print(f"wrote {args.out}: fit median rel. error {fit['median_rel_err']:.3f}, max {fit['max_rel_err']:.3f} "
-          f"({fit['n_samples']} programs)")
+          f"({fit['n_samples']} programs); undetermined terms (kept from the previous calibration): "
+          f"{fit['undetermined'] or 'none'}")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,15 @@
-"""Profiling on the current devices: time real layer programs, fit the device coefficients, cache them.
+"""Profiling on the current devices: time real layer programs, fit the cost model, cache the fits.
 
 `profile(mesh, spec, lengths, ...)` compiles each strategy's layer step (`costmodel.probe`) at
 each length, runs it a few times on the devices here and fits the time model's device rates
 (matmul and attention FLOP/s, elementwise rate, memory bandwidth, per-collective-kind bandwidth
 and latency, a per-layer overhead) by non-negative least squares on the measured step times; it
 can also fit the memory model's per-strategy corrections against XLA's figures
-(`costmodel.memory_fit.calibrate`). The result, a `Calibration`, is cached as JSON per device kind
-and mesh shape in a directory (the trainer passes WORKDIR/costmodel):
+(`costmodel.memory_fit.calibrate`). The result is a `costmodel.calibration.Calibration`.
 
-    DIR/<device-kind>__<axis>=<size>_...json
+For one model, `calibrate_memory_for` fits the memory corrections of its layer to XLA, and
+`calibrate_time_for` measures its layer per option (strategy x remat policy) at a few shapes
+(`costmodel.time_correction`); both cache their samples per model in a directory.
 
 On CPU all simulated devices share the machine's cores, so the fitted "device" is the machine
 divided among them (`shared_compute=True`, no overlap of collectives): its coefficients predict
@@ -18,120 +19,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import statistics
 import time as _time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from costmodel.memory import (STRATEGY_NAMES, LayerMemory, MemoryCoefficients, Shape, feasible_strategies,
-                              layer_memory)
+from costmodel.calibration import Calibration, cache_path, device_kind_of, load_calibration
+from costmodel.memory import STRATEGY_NAMES, MemoryCoefficients, Shape, feasible_strategies
 from costmodel.time import KINDS, TimeCoefficients, layer_time, layer_work
+from costmodel.time_correction import OptionTimes, label_of
 from sharding.ops.blocks import BlockSpec
-
-FORMAT = 1
-
-
-# ------------------------------------------------------------------------------------------------
-# Calibration: fitted memory corrections + time coefficients
-# ------------------------------------------------------------------------------------------------
-@dataclass
-class Calibration:
-    """Fitted coefficients for one device kind and mesh shape."""
-
-    device_kind: str
-    mesh_shape: dict
-    time: TimeCoefficients
-    memory: MemoryCoefficients = field(default_factory=MemoryCoefficients)
-    step_overhead_s: float = 0.0  # fixed seconds per step (dispatch), outside the layers
-    meta: dict = field(default_factory=dict)  # what was profiled, fit residuals
-    # measured / predicted layer time per strategy at profiled lengths: {strategy: [[s, factor], ...]}
-    time_scale: dict = field(default_factory=dict)
-
-    def time_coefficients(self) -> TimeCoefficients:
-        return self.time
-
-    def memory_coefficients(self) -> MemoryCoefficients:
-        return self.memory
-
-    def time_factor(self, strategy: str, seq_len: int) -> float:
-        """The measured correction of a strategy's layer time at this length: interpolated in
-        log length between the profiled lengths, held constant outside them (1: not profiled)."""
-        points = self.time_scale.get(strategy)
-        if not points:
-            return 1.0
-        xs = np.log2([float(x) for x, _ in points])
-        ys = np.log([float(f) for _, f in points])
-        return float(np.exp(np.interp(np.log2(float(seq_len)), xs, ys)))
-
-    def correct_memory(self, strategy: str, remat: str, mem: LayerMemory, shape: Shape) -> LayerMemory:
-        """The layer's memory with the fitted feature multipliers (the shipped ones for a strategy
-        this calibration did not fit)."""
-        return layer_memory(shape, strategy, remat, self.memory if self.memory.key(strategy, remat) else None)
-
-    # -- JSON ------------------------------------------------------------------------------------
-    def to_json(self) -> dict:
-        return {"format": FORMAT, "device_kind": self.device_kind, "mesh_shape": dict(self.mesh_shape),
-                "time": self.time.to_json(), "memory": self.memory.to_json(),
-                "step_overhead_s": self.step_overhead_s, "meta": self.meta, "time_scale": self.time_scale}
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> "Calibration":
-        if d.get("format") != FORMAT:
-            raise ValueError(f"calibration format {d.get('format')!r} is not {FORMAT}")
-        return cls(device_kind=d["device_kind"], mesh_shape=dict(d["mesh_shape"]),
-                   time=TimeCoefficients.from_json(d["time"]), memory=MemoryCoefficients.from_json(d["memory"]),
-                   step_overhead_s=float(d.get("step_overhead_s", 0.0)), meta=dict(d.get("meta", {})),
-                   time_scale={k: [list(p) for p in v] for k, v in d.get("time_scale", {}).items()})
-
-    def save(self, directory: str) -> str:
-        """Write to DIR/<device-kind>__<mesh>.json (atomically); returns the path."""
-        os.makedirs(directory, exist_ok=True)
-        path = cache_path(directory, self.device_kind, self.mesh_shape)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(self.to_json(), fh, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-        return path
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.\-]+", "-", str(text)).strip("-").lower() or "device"
-
-
-def cache_path(directory: str, device_kind: str, mesh_shape: Mapping[str, int]) -> str:
-    """Where the calibration of this device kind and mesh shape lives in `directory`."""
-    mesh = "_".join(f"{_slug(a)}={int(n)}" for a, n in mesh_shape.items())
-    return os.path.join(directory, f"{_slug(device_kind)}__{mesh}.json")
-
-
-def load_calibration(directory: str, device_kind: str, mesh_shape: Mapping[str, int]) -> Optional[Calibration]:
-    """The cached calibration for this device kind and mesh shape, or None."""
-    path = cache_path(directory, device_kind, mesh_shape)
-    if not os.path.exists(path):
-        return None
-    with open(path) as fh:
-        cal = Calibration.from_json(json.load(fh))
-    if cal.device_kind != device_kind or dict(cal.mesh_shape) != dict(mesh_shape):
-        return None
-    return cal
-
-
-DEFAULT_CALIBRATION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calibrations", "cpu.json")
-
-
-def default_calibration() -> Calibration:
-    """The shipped CPU calibration (benchmarks/fit_cpu_calibration.py: 8 simulated devices on a
-    2-core machine), used when no calibration was fitted for the devices here."""
-    with open(DEFAULT_CALIBRATION) as fh:
-        return Calibration.from_json(json.load(fh))
-
-
-def device_kind_of(mesh) -> str:
-    d = mesh.devices.flat[0]
-    return f"{d.platform}-{d.device_kind}"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -203,24 +102,27 @@ class TimeSample:
 
 def measure_times(mesh, spec: BlockSpec, batch: int, lengths: Sequence[int], strategies: Optional[Sequence[str]] = None,
                   remats: Sequence[str] = ("none",), n_layers: int = 2, repeats: int = 3,
-                  progress: Optional[Callable] = None, min_round_s: float = 0.3) -> list[TimeSample]:
-    """Compile each strategy x length x remat's n-layer step, then time them all on the devices
-    here in interleaved rounds (every program in every round, `repeats` rounds after a warmup
-    round; a program shorter than `min_round_s` runs up to 8 times per round), so that a change
-    in machine load hits every program alike. Seconds = min of the runs, median kept too."""
+                  progress: Optional[Callable] = None, min_round_s: float = 0.3,
+                  options: Optional[Sequence[tuple[str, str]]] = None) -> list[TimeSample]:
+    """Compile each strategy x length x remat's n-layer step (or each (strategy, remat) of
+    `options`), then time them all on the devices here in interleaved rounds (every program in
+    every round, `repeats` rounds after a warmup round; a program shorter than `min_round_s`
+    runs up to 8 times per round), so that a change in machine load hits every program alike.
+    Seconds = min of the runs, median kept too. Strategies that cannot serve a shape are skipped."""
     import jax
 
     from costmodel.probe import layer_step
     mesh_shape = dict(mesh.shape)
+    if options is None:
+        options = [(strat, r) for strat in (strategies or STRATEGY_NAMES) for r in remats]
     programs = []
     for s in lengths:
-        ok = set(feasible_strategies(spec, mesh_shape, batch, s, strategies or STRATEGY_NAMES))
-        for strat in (strategies or STRATEGY_NAMES):
+        ok = set(feasible_strategies(spec, mesh_shape, batch, s, list(dict.fromkeys(o[0] for o in options))))
+        for strat, r in options:
             if strat not in ok:
                 continue
-            for r in remats:
-                c = layer_step(strat, spec, mesh, batch, s, n_layers=n_layers, remat=None if r == "none" else r)
-                programs.append((s, strat, r, c, concrete_inputs(c)))
+            c = layer_step(strat, spec, mesh, batch, s, n_layers=n_layers, remat=None if r == "none" else r)
+            programs.append((s, strat, r, c, concrete_inputs(c)))
     runs: list[list[float]] = [[] for _ in programs]
     cpu: list[list[float]] = [[] for _ in programs]
     inner = [1] * len(programs)  # short programs run several times per round (more chances of a quiet moment)
@@ -287,41 +189,85 @@ def step_seconds(samples: Sequence[TimeSample], use_cpu_time: bool) -> list[floa
 
 
 def fit_time(samples: Sequence[TimeSample], name: str = "fitted", shared_compute: bool = True,
-             overlap: bool = False, use_cpu_time: Optional[bool] = None) -> tuple[TimeCoefficients, float, dict]:
+             overlap: bool = False, use_cpu_time: Optional[bool] = None,
+             prior: Optional[TimeCoefficients] = None) -> tuple[TimeCoefficients, float, dict]:
     """NNLS (in relative error) of measured seconds on n_layers x the per-layer terms + a step
     constant. Returns (coefficients, step overhead seconds, fit report). With shared CPU devices
     (default when every sample has CPU seconds) the target is the load-corrected wall time
-    (`step_seconds`)."""
+    (`step_seconds`), and the collective kinds share one per-byte cost (on CPU every collective
+    is a copy between threads).
+
+    A term the samples exercise but the fit leaves at zero cost is not determined by them (its
+    effect is absorbed by the others): the report lists it under "undetermined", and it keeps
+    the `prior`'s value (a collective kind without a prior: the median of the determined kinds)
+    instead of being priced as free. A term no sample exercises is listed under "unused"."""
     from scipy.optimize import nnls
     if use_cpu_time is None:
         use_cpu_time = shared_compute and all(s.cpu_seconds > 0 for s in samples)
-    names = list(time_features(samples[0].shape, samples[0].strategy, samples[0].remat, shared_compute)) + ["step"]
-    rows, y = [], []
-    targets = step_seconds(samples, use_cpu_time)
-    for smp, target in zip(samples, targets):
+    tie = shared_compute
+
+    def feats(smp):
         f = time_features(smp.shape, smp.strategy, smp.remat, shared_compute)
-        rows.append([smp.n_layers * f[k] for k in names[:-1]] + [1.0])
-        y.append(target)
-    A, y = np.array(rows, dtype=float), np.array(y, dtype=float)
-    scale = A.max(axis=0)
-    scale[scale == 0] = 1.0
-    An = A / scale / y[:, None]
-    theta, _ = nnls(An, np.ones_like(y))
-    theta = theta / scale
+        if tie:
+            f["bytes:collective"] = sum(f.pop(f"bytes:{k}") for k in KINDS)
+        return f
+
+    names = list(feats(samples[0])) + ["step"]
+    rows = [[smp.n_layers * feats(smp)[k] for k in names[:-1]] + [1.0] for smp in samples]
+    A, y = np.array(rows, dtype=float), np.array(step_seconds(samples, use_cpu_time), dtype=float)
+
+    def solve(fixed: dict) -> np.ndarray:
+        """NNLS in relative error with the `fixed` terms' costs given (subtracted from y)."""
+        free = [i for i, k in enumerate(names) if k not in fixed]
+        known = sum((A[:, names.index(k)] * v for k, v in fixed.items()), np.zeros_like(y))
+        scale = A[:, free].max(axis=0)
+        scale[scale == 0] = 1.0
+        sol, _ = nnls(A[:, free] / scale / y[:, None], 1 - known / y)
+        theta = np.zeros(len(names))
+        theta[free] = sol / scale
+        for k, v in fixed.items():
+            theta[names.index(k)] = v
+        return theta
+
+    theta = solve({})
+    used = {k for k, col in zip(names, A.T) if np.any(col > 0)}
+    undetermined = sorted(k for k in used if theta[names.index(k)] <= 0 and k not in ("step", "layer"))
+    unused = sorted(set(names) - used)
+    fixed = {k: v for k in undetermined if (v := _prior_cost(prior, k)) is not None}
+    if fixed:  # the terms keep the prior's cost and the others are fitted around them
+        theta = solve(fixed)
     pred = A @ theta
     err = np.abs(pred - y) / y
     th = dict(zip(names, theta))
+    per_byte = {k: th["bytes:collective"] if tie else th[f"bytes:{k}"] for k in KINDS}
+    determined = [v for v in per_byte.values() if v > 0]
     inv = lambda v: 1.0 / v if v > 0 else 1e30  # noqa: E731
     coeffs = TimeCoefficients(
         matmul_flops=inv(th["matmul"]), attn_flops=inv(th["attn"]), elem_rate=inv(th["elems"]),
-        mem_bw=inv(th["act"]), bandwidth={k: inv(th[f"bytes:{k}"]) for k in KINDS},
+        mem_bw=inv(th["act"]),
+        bandwidth={k: inv(v if v > 0 or not determined else float(np.median(determined))) for k, v in per_byte.items()},
         latency={k: th["hops"] for k in KINDS}, overlap=overlap, shared_compute=shared_compute,
         layer_overhead=th["layer"], iter_overhead=th["iters"], name=name)
     report = {"median_rel_err": float(np.median(err)), "max_rel_err": float(err.max()), "n_samples": len(y),
               "target": "cpu-corrected wall" if use_cpu_time else "min wall",
               "wall_per_cpu": wall_per_cpu(samples) if use_cpu_time else None,
-              "theta": {k: float(v) for k, v in th.items()}}
+              "theta": {k: float(v) for k, v in th.items()}, "undetermined": undetermined, "unused": unused,
+              "kept_from_prior": sorted(fixed)}
     return coeffs, float(th["step"]), report
+
+
+def _prior_cost(prior: Optional[TimeCoefficients], term: str) -> Optional[float]:
+    """The cost per unit of a fit term under the prior's rates (None without a prior)."""
+    if prior is None:
+        return None
+    rates = {"matmul": prior.matmul_flops, "attn": prior.attn_flops, "elems": prior.elem_rate, "act": prior.mem_bw}
+    if term in rates:
+        return 1.0 / rates[term]
+    if term.startswith("bytes:"):
+        kind = term.split(":", 1)[1]
+        kinds = KINDS if kind == "collective" else [kind]
+        return float(np.median([1.0 / prior.bw(k) for k in kinds]))
+    return {"hops": prior.lat("collective-permute"), "iters": prior.iter_overhead}.get(term)
 
 
 def predict_step_time(cal: Calibration, shape: Shape, strategy: str, remat: str, n_layers: int) -> float:
@@ -336,17 +282,15 @@ def profile(mesh, spec: BlockSpec, lengths: Sequence[int], batch: Optional[int] 
             strategies: Optional[Sequence[str]] = None, remats: Sequence[str] = ("none",),
             directory: Optional[str] = None, n_layers: int = 2, repeats: int = 3,
             memory: bool = False, memory_lengths: Optional[Sequence[int]] = None, reuse: bool = True,
-            progress: Optional[Callable] = None) -> Calibration:
+            progress: Optional[Callable] = None, prior: Optional[TimeCoefficients] = None) -> Calibration:
     """Time real layer programs on `mesh`'s devices and fit a `Calibration` (cached in `directory`).
 
     With `reuse` and a cached calibration for this device kind and mesh shape, that one is
     returned without running anything. `memory=True` also fits the memory corrections against
     XLA's figures at `memory_lengths` (default `lengths`).
 
-    The fitted rates are the device's, shared by every strategy's prediction. On CPU the default
-    strategies leave out `metp`: XLA:CPU can deadlock on its programs (the 8 simulated devices
-    start its independent psum and ppermute in different orders and the runtime aborts the
-    process after 40 s); compiling them (memory) is safe."""
+    The fitted rates are the device's, shared by every strategy's prediction; terms the samples
+    cannot determine keep the `prior`'s rates (`fit_time`)."""
     mesh_shape = {a: int(n) for a, n in mesh.shape.items()}
     kind = device_kind_of(mesh)
     if directory and reuse:
@@ -356,10 +300,11 @@ def profile(mesh, spec: BlockSpec, lengths: Sequence[int], batch: Optional[int] 
     batch = batch or int(np.prod(list(mesh_shape.values())))
     platform = mesh.devices.flat[0].platform
     shared = platform == "cpu"
-    if strategies is None and shared:
-        strategies = tuple(s for s in STRATEGY_NAMES if s != "metp")
     samples = measure_times(mesh, spec, batch, lengths, strategies, remats, n_layers, repeats, progress)
-    coeffs, step, report = fit_time(samples, name=kind, shared_compute=shared, overlap=not shared)
+    if prior is None and shared:
+        from costmodel.calibration import default_calibration
+        prior = default_calibration().time
+    coeffs, step, report = fit_time(samples, name=kind, shared_compute=shared, overlap=not shared, prior=prior)
     mem = MemoryCoefficients()
     if memory:
         from costmodel.memory_fit import calibrate
@@ -373,46 +318,76 @@ def profile(mesh, spec: BlockSpec, lengths: Sequence[int], batch: Optional[int] 
     return cal
 
 
-def calibrate_memory_for(mesh, spec: BlockSpec, shapes: Sequence[tuple[int, int]], directory: Optional[str] = None,
-                         remats: Sequence[str] = ("none", "full"), progress: Optional[Callable] = None
-                         ) -> MemoryCoefficients:
-    """Memory corrections for this model's layer on the devices here: XLA's figures of every
-    feasible strategy at these (batch, seq_len) shapes, fitted from the shipped coefficients
-    (which keep what the samples cannot determine). The samples are cached in `directory` per
-    device kind, mesh, layer shape and sampled shapes, so a rerun compiles nothing."""
+def calibration_jobs(spec: BlockSpec, mesh_shape: Mapping[str, int], shapes: Sequence[tuple[int, int]],
+                     names: Sequence[str] = STRATEGY_NAMES) -> dict[tuple[int, int], list[str]]:
+    """Where to measure each strategy: at the shortest and the longest of these (batch, seq_len)
+    shapes that it can serve (e.g. batch-parallel strategies stop where a batch has fewer rows
+    than devices), so every strategy is fitted at two lengths where it can run."""
+    jobs: dict[tuple[int, int], list[str]] = {}
+    ordered = sorted(set(shapes), key=lambda bs: (bs[1], bs[0]))
+    for name in names:
+        can = [bs for bs in ordered if feasible_strategies(spec, mesh_shape, bs[0], bs[1], [name])]
+        for bs in dict.fromkeys(can[:1] + can[-1:]):
+            jobs.setdefault(bs, []).append(name)
+    return jobs
+
+
+def calibrate_memory_for(mesh, spec: BlockSpec, jobs: Mapping[tuple[int, int], Sequence[str]],
+                         directory: Optional[str] = None, remats: Sequence[str] = ("none", "dots", "full"),
+                         progress: Optional[Callable] = None) -> MemoryCoefficients:
+    """Memory corrections for this model's layer on the devices here: XLA's figures of each
+    strategy of `jobs` at its (batch, seq_len) shape under every remat policy, fitted from the
+    shipped coefficients (which keep what the samples cannot determine). Samples are cached in
+    `directory` per device kind, mesh and layer shape; only samples not cached are compiled."""
     from costmodel.memory import default_coefficients
     from costmodel.memory_fit import Sample, fit_coefficients, measure_samples
-
-    def measure():
-        samples = []
-        for batch, seq_len in sorted(set(shapes)):
-            samples += measure_samples(STRATEGY_NAMES, spec, mesh, batch, [seq_len], remats, progress)
-        return [smp.to_json() for smp in samples]
-
-    path = _model_cache_path(directory, "memory", mesh, spec, shapes, remats)
-    samples = [Sample.from_json(d) for d in _cached_json(path, measure)]
+    path = _model_cache_path(directory, "memory-samples", mesh, spec, [], [])
+    cache = _read_json(path) or {}
+    key = lambda b, s, strat, r: f"{b}|{s}|{label_of(strat, r)}"  # noqa: E731
+    samples = []
+    for (batch, seq_len), names in sorted(jobs.items()):
+        todo = [n for n in names if any(key(batch, seq_len, n, r) not in cache for r in remats)]
+        if todo:
+            for smp in measure_samples(todo, spec, mesh, batch, [seq_len], remats, progress):
+                cache[key(batch, seq_len, smp.strategy, smp.remat)] = smp.to_json()
+            for n in todo:
+                for r in remats:
+                    cache.setdefault(key(batch, seq_len, n, r), None)  # the strategy cannot serve the shape
+            _write_json(path, cache)
+        samples += [Sample.from_json(d) for n in names for r in remats if (d := cache.get(key(batch, seq_len, n, r)))]
     return fit_coefficients(samples, prior=0.05, start=default_coefficients(), per_remat=True)
 
 
-def calibrate_time_for(cal: Calibration, mesh, spec: BlockSpec, shapes: Sequence[tuple[int, int]],
+def calibrate_time_for(cal: Calibration, mesh, spec: BlockSpec, jobs: Mapping[tuple[int, int], Sequence[tuple[str, str]]],
                        directory: Optional[str] = None, repeats: int = 2,
                        progress: Optional[Callable] = None) -> Calibration:
-    """`cal` with each strategy's layer time scaled to what the devices here measure for this
-    model: every feasible strategy's 2-layer step (remat none) timed at these (batch, seq_len)
-    shapes (`measure_times`, interleaved rounds), factor = measured / `cal`'s prediction. Between
-    and beyond the profiled lengths `Calibration.time_factor` interpolates. The factors are
-    cached in `directory` per device kind, mesh, layer shape and sampled shapes."""
-    def measure():
-        factors: dict = {}
-        for batch, seq_len in sorted(set(shapes)):
-            samples = measure_times(mesh, spec, batch, [seq_len], STRATEGY_NAMES, ("none",), 2, repeats, progress)
-            for smp in samples:
-                predicted = predict_step_time(cal, smp.shape, smp.strategy, smp.remat, smp.n_layers)
-                factors.setdefault(smp.strategy, []).append([seq_len, smp.seconds / predicted])
-        return factors
-
-    path = _model_cache_path(directory, "time", mesh, spec, shapes, ("none",))
-    return replace(cal, time_scale={k: sorted(v) for k, v in _cached_json(path, measure).items()})
+    """`cal` with this model's layer times measured on the devices here: for each (batch,
+    seq_len) of `jobs`, each of its (strategy, remat) options' 2-layer step is timed
+    (`measure_times`, interleaved rounds); seconds per layer become the calibration's
+    `OptionTimes`, which correct the time model per option (`costmodel.time_correction`).
+    Measured points are cached in `directory` per device kind, mesh and layer shape, and only
+    points not cached yet are measured."""
+    from dataclasses import asdict
+    path = _model_cache_path(directory, "layer-times", mesh, spec, [], [])
+    cache = _read_json(path) or {}
+    key = lambda b, s, strat, r: f"{b}|{s}|{label_of(strat, r)}"  # noqa: E731
+    for (batch, seq_len), options in sorted(jobs.items()):
+        todo = [o for o in options if key(batch, seq_len, *o) not in cache]
+        if not todo:
+            continue
+        for smp in measure_times(mesh, spec, batch, [seq_len], options=todo, n_layers=2, repeats=repeats,
+                                 progress=progress):
+            cache[key(batch, seq_len, smp.strategy, smp.remat)] = max(smp.seconds - cal.step_overhead_s, 1e-9) / 2
+        for o in todo:  # options the strategy cannot serve at this shape: remembered as such
+            cache.setdefault(key(batch, seq_len, *o), None)
+        _write_json(path, cache)
+    points: dict = {}
+    for (batch, seq_len), options in sorted(jobs.items()):
+        for strat, r in options:
+            seconds = cache.get(key(batch, seq_len, strat, r))
+            if seconds is not None:
+                points.setdefault(label_of(strat, r), []).append([batch, seq_len, seconds])
+    return cal.with_layer_times(OptionTimes(asdict(spec), points))
 
 
 def _model_cache_path(directory: Optional[str], what: str, mesh, spec: BlockSpec, shapes, remats) -> Optional[str]:
@@ -427,20 +402,26 @@ def _model_cache_path(directory: Optional[str], what: str, mesh, spec: BlockSpec
     return cache_path(directory, device_kind_of(mesh), mesh_shape).replace(".json", f"__{what}-{digest}.json")
 
 
-def _cached_json(path: Optional[str], compute: Callable):
-    """The JSON at `path`, else `compute()` written there atomically (no path: just computed)."""
+def _read_json(path: Optional[str]):
     if path and os.path.exists(path):
         with open(path) as fh:
             return json.load(fh)
-    data = compute()
+    return None
+
+
+def _write_json(path: Optional[str], data) -> None:
+    """Write atomically (nothing without a path)."""
     if path:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + ".tmp", "w") as fh:
             json.dump(data, fh)
         os.replace(path + ".tmp", path)
+
+
+def _cached_json(path: Optional[str], compute: Callable):
+    """The JSON at `path`, else `compute()` written there (no path: just computed)."""
+    data = _read_json(path)
+    if data is None:
+        data = compute()
+        _write_json(path, data)
     return data
-
-
-def with_memory(cal: Calibration, coefficients: MemoryCoefficients) -> Calibration:
-    """A copy of `cal` with these memory corrections."""
-    return replace(cal, memory=coefficients)

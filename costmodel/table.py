@@ -15,7 +15,7 @@ stored bytes before earlier layers run); both are equal for uniform plans.
 
 `cost_table(...)` builds a table from the calibrated memory model (`costmodel.memory`, shipped
 coefficients fitted against XLA) and the alpha-beta time model (`costmodel.time`), or from a
-fitted `Calibration` (`costmodel.profile`). The embedding / loss transient depends on which
+fitted `Calibration` (`costmodel.calibration`). The embedding / loss transient depends on which
 strategy computes the loss (the last layer's); it is folded into each choice's peak as
 max(layer peak, loss transient), so `base_bytes` holds only what every plan pays.
 
@@ -163,13 +163,14 @@ def cost_table(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, seq_l
     not is irrelevant to per-device bytes within a few percent: counted once);
     param_bytes: bytes of a stored parameter (4 = float32); optimizer_slots: optimizer moments
     per parameter (2 for Adam); hardware: a DeviceProfile, a profile name, or a fitted
-    `costmodel.profile.Calibration` (memory corrections + time coefficients).
+    `costmodel.calibration.Calibration` (memory corrections, time coefficients and measured
+    layer times of this model).
     choices: default = every feasible strategy x remat policy.
     """
     from costmodel import memory as M
     from costmodel import time as T
     from costmodel.hardware import DeviceProfile, get_profile
-    from costmodel.profile import Calibration
+    from costmodel.calibration import Calibration
 
     if compute_dtype is not None and compute_dtype != spec.compute_dtype:
         from dataclasses import replace
@@ -179,7 +180,7 @@ def cost_table(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, seq_l
     if calib is not None:
         coeffs = calib.time_coefficients()
         hw_name = calib.device_kind
-        backend = "cpu" if calib.device_kind.lower().startswith("cpu") else "gpu"
+        backend = calib.backend
     else:
         profile = get_profile(hardware) if isinstance(hardware, str) else hardware
         if not isinstance(profile, DeviceProfile):
@@ -203,8 +204,8 @@ def cost_table(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, seq_l
         # the embedding / loss transient of a choice's strategy (its loss runs while every layer's
         # stored activations are alive) is folded into the choice's peak: max(layer, loss)
         peak.append(max(mem.peak, M.loss_memory(shape, c.strategy, vocab)))
-        t = T.layer_time(shape, c.strategy, c.remat, coeffs).total
-        times.append(t * calib.time_factor(c.strategy, seq_len) if calib is not None else t)
+        times.append(calib.layer_time(shape, c.strategy, c.remat) if calib is not None
+                     else T.layer_time(shape, c.strategy, c.remat, coeffs).total)
     base = M.base_memory(shape, vocab, n_layers)
     base_time = T.base_time(shape, vocab, n_layers, coeffs)
     k = len(choices)

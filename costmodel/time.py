@@ -114,16 +114,25 @@ class LayerWork:
 
 @dataclass
 class LayerTime:
-    """Predicted seconds of one layer, by part."""
+    """Predicted seconds of one layer, by part: attention (score/PV matmuls, score elementwise
+    work and tile/ring-step loop iterations: the part that grows with the length at fixed
+    tokens), the rest of the compute (projections, MLP, activation traffic), communication not
+    overlapped, ring transfers, and a fixed overhead."""
 
     compute: float
     comm: float
     ring: float
     overhead: float
+    attention: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.compute + self.comm + self.ring + self.overhead
+        return self.attention + self.compute + self.comm + self.ring + self.overhead
+
+    @property
+    def rest(self) -> float:
+        """Everything but the attention part."""
+        return self.total - self.attention
 
 
 def _causal_fraction(spec, s_q: int, s_kv: int, tiled: bool) -> float:
@@ -293,9 +302,8 @@ def layer_time(shape: Shape, strategy: str, remat: str, coeffs: TimeCoefficients
     w = layer_work(shape, strategy, remat)
     attn = w.attn_flops_mean if coeffs.shared_compute else w.attn_flops
     elems = w.score_elems_mean if coeffs.shared_compute else w.score_elems
-    compute = (w.matmul_flops / coeffs.matmul_flops + attn / coeffs.attn_flops + elems / coeffs.elem_rate
-               + w.act_bytes / coeffs.mem_bw)
-    compute += w.iterations * coeffs.iter_overhead
+    attention = attn / coeffs.attn_flops + elems / coeffs.elem_rate + w.iterations * coeffs.iter_overhead
+    compute = w.matmul_flops / coeffs.matmul_flops + w.act_bytes / coeffs.mem_bw
     comm = sum(b / coeffs.bw(kind) + hops * coeffs.lat(kind) for kind, (b, hops) in w.comm.items())
     ring = 0.0
     bw, lat = coeffs.bw("collective-permute"), coeffs.lat("collective-permute")
@@ -308,7 +316,7 @@ def layer_time(shape: Shape, strategy: str, remat: str, coeffs: TimeCoefficients
             ring += hops * (max(transfer - step_compute, 0.0) + lat)
         else:
             ring += hops * (transfer + lat)
-    return LayerTime(compute=compute, comm=comm, ring=ring, overhead=coeffs.layer_overhead)
+    return LayerTime(compute=compute, comm=comm, ring=ring, overhead=coeffs.layer_overhead, attention=attention)
 
 
 def switch_time(shape: Shape, a: str, b: str, coeffs: TimeCoefficients) -> float:

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
+
 from costmodel.hardware import PROFILES
 from costmodel.search import exact_plan
 from costmodel.search.exact import min_bytes_plan
@@ -52,53 +54,85 @@ def check_hardware(name: str) -> str:
     return key
 
 
-def resolve_hardware(name: str, mesh, calibration_dir: Optional[str]):
-    """What `cost_table` prices with: a profile name, or a fitted `Calibration` (CPU)."""
-    from costmodel.profile import default_calibration, device_kind_of, load_calibration
+def resolve_hardware(name: str, mesh, calibration_dir: Optional[str], log=print):
+    """What `cost_table` prices with: a profile name (planning for devices that are not here),
+    or a `Calibration` of the devices here: on CPU the one fitted in `calibration_dir`, else the
+    shipped one; on an accelerator its profile's rates under its own device kind. A device kind
+    with no profile is named and priced with H100 rates, which only measured layer times
+    (`parallel.profile_time`) correct."""
+    from costmodel.calibration import Calibration, default_calibration, device_kind_of, load_calibration
+    from costmodel.time import TimeCoefficients
 
     key = check_hardware(name)
     if key in PROFILES:
         return key
-    device = mesh.devices.flat[0]
-    if device.platform == "gpu":
-        kind = device.device_kind.lower()
-        for profile in PROFILES:
-            if profile.split("-")[0] in kind:
-                return profile
-        return "h100"
     mesh_shape = {a: int(n) for a, n in mesh.shape.items()}
     kind = device_kind_of(mesh)
     cal = load_calibration(calibration_dir, kind, mesh_shape) if calibration_dir else None
-    return cal or default_calibration()
+    if cal is not None:
+        return cal
+    device = mesh.devices.flat[0]
+    if device.platform == "cpu":
+        return default_calibration()
+    profile = profile_for_kind(device.device_kind)
+    if profile is None:
+        profile = "h100"
+        log(f"cost model: no profile for the device kind {device.device_kind!r}: its time model uses "
+            f"{PROFILES[profile].name}'s rates (set parallel.hardware to one of {', '.join(PROFILES)}, or "
+            "parallel.profile_time: true to correct them with layer times measured here)")
+    coeffs = TimeCoefficients.from_profile(PROFILES[profile], mesh_shape)
+    return Calibration(device_kind=kind, mesh_shape=mesh_shape, time=coeffs, meta={"profile": profile})
 
 
-def calibrate_here(calibration, mesh, spec, shapes, directory: str, log=print, profile_time: bool = False,
-                   progress=None):
-    """`calibration` with memory corrections fitted for this model on the devices here
-    (`costmodel.profile.calibrate_memory_for`) and, with `profile_time`, its layer times scaled
-    per strategy to measured ones (`costmodel.profile.calibrate_time_for`); cached in `directory`.
-    `progress(what)`, if given, is called after each program measured."""
+def profile_for_kind(device_kind: str) -> Optional[str]:
+    """The hardware profile whose name matches a device kind (e.g. 'NVIDIA H200' -> h200), or None."""
+    kind = device_kind.lower()
+    for profile in PROFILES:
+        if profile.split("-")[0] in kind:
+            return profile
+    return None
+
+
+def calibrate_memory_here(calibration, mesh, spec, shapes, directory: str, log=print, progress=None):
+    """`calibration` with memory corrections fitted for this model on the devices here: each
+    strategy at the shortest and longest of `shapes` it can serve (`costmodel.profile`, cached in
+    `directory`). `progress(what)`, if given, is called after each program measured."""
+    from costmodel.profile import calibrate_memory_for, calibration_jobs
+    jobs = calibration_jobs(spec, dict(mesh.shape), shapes)
+    return _timed(lambda: calibration.with_memory(calibrate_memory_for(
+        mesh, spec, jobs, directory, progress=progress and (lambda sample: progress("memory")))),
+        f"fitted this model's memory to XLA at {sorted(s for _, s in jobs)}", directory, log)
+
+
+def calibrate_time_here(planner: "AutoPlanner", mesh, shapes, directory: str, log=print, progress=None
+                        ) -> "AutoPlanner":
+    """`planner` pricing with this model's layer measured per option on the devices here
+    (`costmodel.profile.calibrate_time_for`, cached in `directory`): each option (strategy x
+    remat) at the shortest and the longest of the (batch, seq_len) `shapes` where it can appear
+    in a plan within the budget, so it is measured at two lengths where it may be chosen."""
+    from costmodel.profile import calibrate_time_for
+    where: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for batch, seq_len in sorted(set(shapes), key=lambda bs: (bs[1], bs[0])):
+        for option in planner.useful_options(seq_len, batch):
+            where.setdefault(option, []).append((batch, seq_len))
+    jobs: dict[tuple[int, int], list[tuple[str, str]]] = {}
+    for option, at in where.items():
+        for bs in dict.fromkeys(at[:1] + at[-1:]):
+            jobs.setdefault(bs, []).append(option)
+    n = sum(len(v) for v in jobs.values())
+    cal = _timed(lambda: calibrate_time_for(planner.hardware, mesh, planner.spec, jobs, directory,
+                                            progress=progress and (lambda sample: progress("time"))),
+                 f"timed {n} layer programs (strategy x remat at {sorted(s for _, s in jobs)})", directory, log)
+    return planner.with_hardware(cal)
+
+
+def _timed(fit, what: str, directory: str, log):
     import time
-
-    from costmodel.profile import calibrate_memory_for, calibrate_time_for, with_memory
-    lengths = sorted(s for _, s in shapes)
-
-    def timed(what, fit):
-        t0 = time.perf_counter()
-        out = fit()
-        if time.perf_counter() - t0 > 1.0:  # (a cached fit says nothing)
-            log(f"cost model: {what} at {lengths} in {time.perf_counter() - t0:.0f} s (cached in {directory})")
-        return out
-
-    def tick(what):
-        return None if progress is None else (lambda sample: progress(what))
-
-    calibration = timed("fitted this model's memory to XLA", lambda: with_memory(
-        calibration, calibrate_memory_for(mesh, spec, shapes, directory, progress=tick("memory"))))
-    if profile_time:
-        calibration = timed("timed every strategy's layer", lambda: calibrate_time_for(
-            calibration, mesh, spec, shapes, directory, progress=tick("time")))
-    return calibration
+    t0 = time.perf_counter()
+    out = fit()
+    if time.perf_counter() - t0 > 1.0:  # (a cached fit says nothing)
+        log(f"cost model: {what} in {time.perf_counter() - t0:.0f} s (cached in {directory})")
+    return out
 
 
 class AutoPlanner:
@@ -109,6 +143,7 @@ class AutoPlanner:
         self.default_remat = default_remat  # runs under the model's default policy are written without one
         self.spec, self.mesh_shape, self.n_layers, self.vocab = spec, dict(mesh_shape), n_layers, vocab
         self.hardware, self.budget = hardware, budget
+        self.param_dtype, self.optimizer = param_dtype, optimizer
         self.param_bytes = DTYPE_BYTES[param_dtype]
         self.optimizer_slots = OPTIMIZER_SLOTS.get(optimizer, 2)
         self._cache: dict[tuple[int, int], BucketPlan] = {}
@@ -118,6 +153,27 @@ class AutoPlanner:
         return cost_table(self.spec, self.mesh_shape, batch_size, seq_len, self.n_layers, self.vocab,
                           param_bytes=self.param_bytes, optimizer_slots=self.optimizer_slots,
                           hardware=self.hardware, choices=choices)
+
+    def useful_options(self, seq_len: int, batch_size: int, margin: float = 1.1) -> list:
+        """The options (strategy x remat) that can appear in a plan within the budget (x margin):
+        one layer of the option with every other layer under the leanest option fits. All
+        feasible options without a budget."""
+        table = self.table(seq_len, batch_size)
+        if self.budget is None:
+            return [(c.strategy, c.remat) for c in table.choices]
+        leanest = int(np.argmin(table.layer_stored_bytes + table.layer_peak_bytes / max(1, self.n_layers)))
+        out = []
+        for k, c in enumerate(table.choices):
+            rest = [leanest] * (self.n_layers - 1)
+            need = min(table.plan_bytes_backward(rest + [k]), table.plan_bytes_backward([k] + rest))
+            if need <= self.budget * margin:
+                out.append((c.strategy, c.remat))
+        return out
+
+    def with_hardware(self, hardware) -> "AutoPlanner":
+        """This planner pricing with other hardware (e.g. a calibration with measured layer times)."""
+        return AutoPlanner(self.spec, self.mesh_shape, self.n_layers, self.vocab, hardware, self.budget,
+                           self.param_dtype, self.optimizer, self.default_remat)
 
     def plan(self, seq_len: int, batch_size: int) -> BucketPlan:
         """The chosen plan of a bucket and its fallbacks (cached per shape)."""

@@ -40,8 +40,9 @@ def peak_flops(hardware, override_tflops: Optional[float] = None) -> tuple[float
 
     if override_tflops is not None:
         return override_tflops * 1e12, "train.peak_tflops"
-    if isinstance(hardware, str):
-        profile = PROFILES[hardware]
+    name = hardware if isinstance(hardware, str) else hardware.meta.get("profile")
+    if name:
+        profile = PROFILES[name]
         return profile.flops, f"{profile.name} dense bf16 peak"
     rate = hardware.time_coefficients().matmul_flops
     return rate, f"{hardware.device_kind} matmul rate of the time model"

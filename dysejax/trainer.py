@@ -20,7 +20,8 @@ import jax
 
 from costmodel.hardware import PROFILES
 from dysejax import run_report, runtime
-from dysejax.autoplan import AutoPlanner, calibrate_here, check_hardware, resolve_hardware
+from dysejax.autoplan import (AutoPlanner, calibrate_memory_here, calibrate_time_here, check_hardware,
+                              resolve_hardware)
 from dysejax.checkpoint import Checkpointer
 from dysejax.compile_watch import compile_counter
 from dysejax.config import Config
@@ -81,8 +82,9 @@ class Trainer:
         self.n_devices = self.mesh.devices.size
         self.model_config = with_attention_kernel(config, self.mesh.devices.flat[0].platform)
         self.spec = block_spec(self.model_config)
-        self.data = DataPipeline(config.data, seed=config.train.seed,
-                                 batch_multiple=self._batch_multiple() * config.train.grad_accum)
+        accum = config.train.grad_accum
+        self.data = DataPipeline(config.data, seed=config.train.seed, batch_multiple=self._batch_multiple() * accum,
+                                 batch_unit=accum if self.pipeline is None else None)
         self.budget = runtime.memory_budget_bytes(config.parallel.memory_budget_gb, config.parallel.memory_headroom)
         self._planner: Optional[AutoPlanner] = None
         check_hardware(config.parallel.hardware)
@@ -133,26 +135,29 @@ class Trainer:
         if self._planner is None:
             cfg = self.config
             directory = cfg.parallel.costmodel_dir or os.path.join(self.workdir, "costmodel")
-            hardware = resolve_hardware(cfg.parallel.hardware, self.mesh, directory)
+            hardware = resolve_hardware(cfg.parallel.hardware, self.mesh, directory, self.log)
             # timings differ per process, and every process must derive the same plans
             profile_time = cfg.parallel.profile_time and jax.process_count() == 1
             if cfg.parallel.profile_time and not profile_time:
                 self.log("parallel.profile_time is ignored with several processes: the shipped time model plans")
-            # the devices are here: fit this model's memory to XLA (only a budget needs it: without
-            # one every plan fits, and XLA's own figure is reported beside the prediction)
-            if not isinstance(hardware, str) and (self.budget is not None or profile_time):
-                buckets = self.data.buckets
-                shapes = [(self.data.batch_size(b), b) for b in {buckets[0], buckets[-1]}]
-                with Phase("cost model: calibrating on these devices", unit="program", log=self.log,
-                           enabled=self.verbose and self.is_writer) as phase:
-                    hardware = calibrate_here(hardware, self.mesh, self.spec, shapes, directory, self.log,
-                                              profile_time, progress=lambda what: phase.update(1, what))
             budget = self.budget
             if budget is None and isinstance(hardware, str):  # planning a GPU from here: what JAX could use
                 budget = runtime.usable_bytes(PROFILES[hardware].memory_bytes, cfg.parallel.memory_headroom)
-            self._planner = AutoPlanner(self.spec, dict(self.mesh.shape), cfg.model.n_layers, cfg.model.vocab_size,
-                                        hardware, budget, cfg.model.param_dtype, cfg.optimizer.name,
-                                        cfg.model.remat)
+            here = not isinstance(hardware, str)
+            shapes = [(self.data.batch_size(b), b) for b in self.data.buckets]
+            with Phase("cost model: calibrating on these devices", unit="program", log=self.log,
+                       enabled=self.verbose and self.is_writer and here) as phase:
+                progress = lambda what: phase.update(1, what)  # noqa: E731
+                # the devices are here: fit this model's memory to XLA (only a budget needs it: without
+                # one every plan fits, and XLA's own figure is reported beside the prediction)
+                if here and (budget is not None or profile_time):
+                    hardware = calibrate_memory_here(hardware, self.mesh, self.spec, shapes, directory, self.log,
+                                                     progress)
+                planner = AutoPlanner(self.spec, dict(self.mesh.shape), cfg.model.n_layers, cfg.model.vocab_size,
+                                      hardware, budget, cfg.model.param_dtype, cfg.optimizer.name, cfg.model.remat)
+                if here and profile_time:  # time the options that can appear in a plan, where they decide
+                    planner = calibrate_time_here(planner, self.mesh, shapes, directory, self.log, progress)
+            self._planner = planner
         return self._planner
 
     def parse_plan(self, value) -> Plan:
@@ -278,7 +283,7 @@ class Trainer:
     @property
     def peak_flops(self) -> tuple[float, str]:
         """(peak FLOP/s per device, its source) that MFU is measured against."""
-        return peak_flops(resolve_hardware("auto", self.mesh, None), self.config.train.peak_tflops)
+        return peak_flops(resolve_hardware("auto", self.mesh, None, log=lambda _: None), self.config.train.peak_tflops)
 
     # -- pieces ------------------------------------------------------------------------------
     def log(self, message: str) -> None:

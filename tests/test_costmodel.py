@@ -10,8 +10,9 @@ from costmodel import memory_fit
 from costmodel import time as T
 from costmodel.hardware import PROFILES
 from costmodel.probe import figures, layer_step
-from costmodel.profile import (Calibration, TimeSample, cache_path, calibrate_time_for, default_calibration, fit_time,
-                               load_calibration, profile)
+from costmodel.calibration import Calibration, cache_path, default_calibration, load_calibration
+from costmodel.profile import TimeSample, calibrate_time_for, fit_time, profile
+from costmodel.time_correction import OptionTimes, fit_scales
 from costmodel.table import Choice, CostTable, cost_table
 from sharding.layout import LAYERS, StorageLayout
 from sharding.mesh import build_mesh
@@ -250,31 +251,65 @@ def test_profile_times_real_programs_and_caches(tmp_path):
     assert again.meta["created"] == cal.meta["created"]  # read from the cache, nothing re-run
 
 
-def test_time_factor_interpolates_in_log_length_and_scales_the_table():
-    cal = replace(default_calibration(), time_scale={"ulysses": [[256, 0.5], [4096, 2.0]]})
-    assert cal.time_factor("ulysses", 256) == pytest.approx(0.5)
-    assert cal.time_factor("ulysses", 1024) == pytest.approx(1.0)  # halfway in log length
-    assert cal.time_factor("ulysses", 64) == pytest.approx(0.5) and cal.time_factor("ulysses", 65536) == 2.0
-    assert cal.time_factor("dp", 1024) == 1.0  # not profiled
-    assert Calibration.from_json(cal.to_json()).time_scale == cal.time_scale
-    choices = (Choice("dp"), Choice("ulysses"), Choice("ulysses", "full"))
-    plain = cost_table(SPEC_TINY, {"data": 8}, 8, 1024, 2, 256, hardware=default_calibration(), choices=choices)
-    scaled = cost_table(SPEC_TINY, {"data": 8}, 8, 1024, 2, 256, hardware=replace(
-        cal, time_scale={"ulysses": [[1024, 1.5]]}), choices=choices)
-    assert np.allclose(scaled.layer_time_s / plain.layer_time_s, [1.0, 1.5, 1.5])
+def test_fit_scales_two_parts_one_scale_and_why():
+    parts = [(1.0, 4.0), (8.0, 4.0), (64.0, 4.0)]  # attention grows with the length, the rest does not
+    got = fit_scales(parts, [0.5 * a + 2.0 * r for a, r in parts])
+    assert got.how == "two-part" and got.attention == pytest.approx(0.5) and got.rest == pytest.approx(2.0)
+    assert got.apply(128.0, 4.0) == pytest.approx(72.0)  # extrapolates with the model's shape
+    one = fit_scales([(1.0, 4.0)], [10.0])
+    assert (one.attention, one.rest) == pytest.approx((2.0, 2.0)) and one.how == "one-scale: measured at one shape"
+    same = fit_scales([(1.0, 4.0), (2.0, 8.0)], [6.0, 9.0])
+    assert same.how.startswith("one-scale: the attention share is the same") and same.attention == same.rest
+    # the measured time falls with the length although the model's attention part grows: the fit
+    # would give attention no time, so the option gets one scale and says why
+    shrink = fit_scales([(1.0, 4.0), (20.0, 4.0)], [10.0, 8.0])
+    assert shrink.how == "one-scale: the fit gave the attention part no time"
 
 
-def test_calibrate_time_for_measures_every_strategy_once_and_caches(tmp_path, monkeypatch):
+def test_measured_layer_times_correct_the_table_per_option():
+    base = default_calibration()
+    shape = M.Shape(SPEC_TINY, {"data": 8}, 8, 1024, backend="cpu")
+    choices = (Choice("dp"), Choice("ulysses"), Choice("ulysses", "full"), Choice("tp"))
+
+    def truth(strategy, remat, b, s, a_scale, r_scale):
+        lt = T.layer_time(replace(shape, batch=b, seq_len=s), strategy, remat, base.time)
+        return a_scale * lt.attention + r_scale * lt.rest
+
+    points = {"ulysses@none": [[b, s, truth("ulysses", "none", b, s, 3.0, 0.5)] for b, s in ((32, 256), (2, 4096))],
+              "ulysses@full": [[b, s, truth("ulysses", "full", b, s, 2.0, 1.0)] for b, s in ((32, 256), (2, 4096))]}
+    cal = base.with_layer_times(OptionTimes(__import__("dataclasses").asdict(SPEC_TINY), points))
+    plain = cost_table(SPEC_TINY, {"data": 8}, 8, 1024, 2, 256, hardware=base, choices=choices)
+    fixed = cost_table(SPEC_TINY, {"data": 8}, 8, 1024, 2, 256, hardware=cal, choices=choices)
+    # measured options: their own scales at a held-out length (1024 was not measured)
+    assert fixed.layer_time_s[1] == pytest.approx(truth("ulysses", "none", 8, 1024, 3.0, 0.5), rel=1e-6)
+    assert fixed.layer_time_s[2] == pytest.approx(truth("ulysses", "full", 8, 1024, 2.0, 1.0), rel=1e-6)
+    # not measured: the median of all measured options per part (no dp or tp option was timed)
+    for i, strategy in ((0, "dp"), (3, "tp")):
+        assert fixed.layer_time_s[i] == pytest.approx(truth(strategy, "none", 8, 1024, 2.5, 0.75), rel=1e-6)
+    assert plain.layer_time_s[0] != pytest.approx(fixed.layer_time_s[0])
+    again = Calibration.from_json(cal.to_json())
+    assert again.layer_times == cal.layer_times
+    # measurements of another layer shape do not apply
+    other = cost_table(SPEC_MEM, {"data": 8}, 8, 1024, 2, 256, hardware=cal, choices=choices)
+    assert np.allclose(other.layer_time_s, cost_table(SPEC_MEM, {"data": 8}, 8, 1024, 2, 256, hardware=base,
+                                                      choices=choices).layer_time_s)
+
+
+def test_calibrate_time_for_measures_each_option_once_and_caches(tmp_path, monkeypatch):
     mesh = build_mesh({"data": 8})
-    cal = calibrate_time_for(default_calibration(), mesh, SPEC_TINY, [(8, 64), (8, 128)], str(tmp_path), repeats=1)
-    feasible = set(M.feasible_strategies(SPEC_TINY, {"data": 8}, 8, 128))
-    assert set(cal.time_scale) == feasible
-    for strategy, points in cal.time_scale.items():
-        assert [s for s, _ in points] == [64, 128] and all(0.05 < f < 20 for _, f in points), (strategy, points)
+    jobs = {(8, 64): [("dp", "none"), ("ulysses", "full")], (2, 128): [("dp", "none"), ("ring", "dots")]}
+    cal = calibrate_time_for(default_calibration(), mesh, SPEC_TINY, jobs, str(tmp_path), repeats=1)
+    pts = cal.layer_times.points
+    # dp cannot serve 2 rows on 8 devices: remembered as not measurable, never timed
+    assert set(pts) == {"dp@none", "ulysses@full", "ring@dots"}
+    assert [p[:2] for p in pts["dp@none"]] == [[8, 64]] and [p[:2] for p in pts["ring@dots"]] == [[2, 128]]
+    assert all(0 < p[2] < 5 for v in pts.values() for p in v)
     import costmodel.profile as P
     monkeypatch.setattr(P, "measure_times", lambda *a, **k: pytest.fail("measured again instead of the cache"))
-    again = calibrate_time_for(default_calibration(), mesh, SPEC_TINY, [(8, 64), (8, 128)], str(tmp_path))
-    assert again.time_scale == cal.time_scale
+    again = calibrate_time_for(default_calibration(), mesh, SPEC_TINY, jobs, str(tmp_path))
+    assert again.layer_times == cal.layer_times
+    fewer = calibrate_time_for(default_calibration(), mesh, SPEC_TINY, {(8, 64): [("dp", "none")]}, str(tmp_path))
+    assert set(fewer.layer_times.points) == {"dp@none"}
 
 
 def test_plan_bytes_match_the_trainers_compiled_step(tmp_path, tiny_config):

@@ -60,6 +60,9 @@ def test_batch_sizes_from_budget(tmp_path):
     assert [batch_size(L, 2048, 8) for L in (64, 128, 256, 1024)] == [32, 16, 8, 8]
     assert batch_size(64, 2048, 3) == 30
     assert batch_size(4096, 2048, 2) == 2
+    assert [batch_size(L, 16384, 8, 1) for L in (1024, 2048, 4096, 8192, 16384)] == [16, 8, 4, 2, 1]
+    assert [batch_size(L, 16384, 16, 2) for L in (4096, 8192, 16384)] == [4, 2, 2]  # grad_accum 2
+    assert batch_size(16384, 16384, 8) == 8  # a pipeline needs whole multiples
     pipe = DataPipeline(DataConfig(max_docs=20), seed=0, batch_multiple=8)
     assert pipe.buckets == [64, 128, 256] and pipe.batch_size(128) == 16
     assert pipe.batch_sizes == [32, 16, 8]

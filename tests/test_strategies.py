@@ -36,6 +36,12 @@ def test_mixed_plans_match_reference(plan, layers, batch):
     check_against_reference(plan, batch=batch, seq=96, extra=[f"model.n_layers={layers}"])
 
 
+@pytest.mark.parametrize("remat", ["dots", "full"])
+@pytest.mark.parametrize("strategy", ["dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp"])
+def test_every_strategy_under_remat_matches_reference(strategy, remat):
+    check_against_reference([[strategy, 2, remat]], batch=8 if strategy in ("dp", "fsdp") else 2, seq=96)
+
+
 def test_every_strategy_trains_like_dp(tiny_config, tmp_path):
     import numpy as np
     import dysejax

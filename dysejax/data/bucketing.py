@@ -2,8 +2,11 @@
 
 A row of bucket L holds L + 1 token slots (inputs = slots[:L], targets = slots[1:]), so a
 document or chunk of n tokens goes to the smallest bucket with n <= L + 1. The batch size of
-bucket L keeps tokens per step near `tokens_per_batch`, rounded down to a multiple of the
-data-parallel degree x grad_accum (`multiple`), and is at least `multiple`.
+bucket L keeps tokens per step near `tokens_per_batch`: a multiple of the device count x
+grad_accum (`multiple`) where that many rows fit the budget; for longer buckets the largest
+divisor of `multiple` that fits and is a multiple of `unit` (grad_accum; a pipeline needs the
+whole `multiple`), so a 16K-token budget at a 16K bucket is one row that the sequence-sharded
+strategies split, not one row per device.
 """
 from __future__ import annotations
 
@@ -30,9 +33,17 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
     return int(buckets[int(bucket_index(n, buckets))])
 
 
-def batch_size(length: int, tokens_per_batch: int, multiple: int = 1) -> int:
-    """Rows per batch of bucket `length`: max(m, (tokens_per_batch // L) // m * m)."""
-    return max(multiple, (tokens_per_batch // length) // multiple * multiple)
+def batch_size(length: int, tokens_per_batch: int, multiple: int = 1, unit: int | None = None) -> int:
+    """Rows per batch of bucket `length`: (tokens_per_batch // L) // m * m when that is >= m
+    (m = `multiple`), else the largest divisor of m that is a multiple of `unit` (default m) and
+    at most tokens_per_batch // L, at least `unit`."""
+    rows = tokens_per_batch // length
+    if rows >= multiple:
+        return rows // multiple * multiple
+    unit = multiple if unit is None else unit
+    if unit < 1 or multiple % unit:
+        raise ValueError(f"batch unit {unit} does not divide the batch multiple {multiple}")
+    return max(k for k in range(unit, multiple + 1, unit) if multiple % k == 0 and (k <= rows or k == unit))
 
 
 def check_long(keys: Sequence[str], lengths: np.ndarray, max_bucket: int, policy: str) -> dict:

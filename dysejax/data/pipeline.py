@@ -1,6 +1,6 @@
 """The data pipeline: source -> train/eval split -> long-document policy -> packed batch plans.
 
-    pipe = DataPipeline(cfg.data, seed=cfg.train.seed, batch_multiple=dp * grad_accum)
+    pipe = DataPipeline(cfg.data, seed=cfg.train.seed, batch_multiple=devices * grad_accum, batch_unit=grad_accum)
     pipe.buckets, pipe.batch_sizes, pipe.batch_size(L)
     it = pipe.train_iterator(state=None)    # or a saved it.state(): {"epoch": e, "index": i}
     plan = it.next_plan()                   # BatchPlan (metadata only); advances the state
@@ -52,14 +52,17 @@ class DataPipeline:
     """Batches of one data config; see the module docstring for the whole API."""
 
     def __init__(self, cfg: DataConfig, seed: int = 0, batch_multiple: int = 1,
-                 source: Optional[Source] = None):
+                 source: Optional[Source] = None, batch_unit: Optional[int] = None):
+        """Batch sizes are multiples of `batch_multiple` where the token budget allows, else
+        divisors of it that are multiples of `batch_unit` (default: always `batch_multiple`)."""
         if batch_multiple < 1:
             raise ValueError(f"batch_multiple must be >= 1, got {batch_multiple}")
         self.cfg, self.seed, self.batch_multiple = cfg, int(seed), int(batch_multiple)
+        self.batch_unit = self.batch_multiple if batch_unit is None else int(batch_unit)
         self.buckets = cfg.bucket_lengths()
         if not self.buckets:
             raise DataError("data.buckets describes no bucket: give lengths, e.g. [128, 256], or min <= max")
-        self.batch_sizes = [batch_size(L, cfg.tokens_per_batch, self.batch_multiple) for L in self.buckets]
+        self.batch_sizes = [self.batch_size(L) for L in self.buckets]
         self.source = source if source is not None else open_source(cfg, self.seed)
         self.max_bucket = self.buckets[-1]
         lengths = self.source.lengths
@@ -91,7 +94,7 @@ class DataPipeline:
 
     def batch_size(self, length: int) -> int:
         """Rows per batch of bucket `length`."""
-        return batch_size(length, self.cfg.tokens_per_batch, self.batch_multiple)
+        return batch_size(length, self.cfg.tokens_per_batch, self.batch_multiple, self.batch_unit)
 
     def _pack(self, docs: np.ndarray) -> list[BatchPlan]:
         pieces = expand(docs, self.source.lengths, self.max_bucket, self.cfg.long_policy)
