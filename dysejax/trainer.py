@@ -85,15 +85,22 @@ class Trainer:
         self.n_devices = self.mesh.devices.size
         self.model_config = with_attention_kernel(config, self.mesh.devices.flat[0].platform)
         self.spec = block_spec(self.model_config)
-        self.data = self._open_data()
-        self.budget = runtime.memory_budget_bytes(config.parallel.memory_budget_gb, config.parallel.memory_headroom)
-        self._planner: Optional[AutoPlanner] = None
-        check_hardware(config.parallel.hardware)
-        self.plans = PlanTable(config.parallel.plan, self.data.buckets, config.model.n_layers, list(STRATEGIES),
-                               auto=lambda b: self.planner.plan(b, self.data.batch_size(b)).candidates)
-        for bucket in self.data.buckets:
-            for plan in self.plans.candidates(bucket):
-                self.check_plan(plan, bucket, self.data.batch_size(bucket))
+        # a bad input found from here on leaves no folder behind that was not there before
+        created = next((d for d in (self.workdir, os.path.join(self.workdir, "data")) if not os.path.exists(d)), None)
+        try:
+            self.data = self._open_data()
+            self.budget = runtime.memory_budget_bytes(config.parallel.memory_budget_gb, config.parallel.memory_headroom)
+            self._planner: Optional[AutoPlanner] = None
+            check_hardware(config.parallel.hardware)
+            self.plans = PlanTable(config.parallel.plan, self.data.buckets, config.model.n_layers, list(STRATEGIES),
+                                   auto=lambda b: self.planner.plan(b, self.data.batch_size(b)).candidates)
+            for bucket in self.data.buckets:
+                for plan in self.plans.candidates(bucket):
+                    self.check_plan(plan, bucket, self.data.batch_size(bucket))
+        except UserError:
+            if created is not None and self.is_writer:
+                shutil.rmtree(created, ignore_errors=True)
+            raise
         self.compile_cache_dir = None
         if config.train.compile_cache:
             self.compile_cache_dir = config.train.compile_cache_dir or os.path.join(self.workdir, "compile_cache")
@@ -118,24 +125,15 @@ class Trainer:
         self._check_same_on_every_process()
 
     def _open_data(self) -> DataPipeline:
-        """The data pipeline; a trained BPE and token caches go to WORKDIR/data. A bad input leaves
-        no folder behind that was not there before."""
+        """The data pipeline; a trained BPE and token caches go to WORKDIR/data."""
         cfg = self.config
-        cache_dir = os.path.join(self.workdir, "data")
-        created = next((d for d in (self.workdir, cache_dir) if not os.path.exists(d)), None)
-        try:
-            data = DataPipeline(cfg.data, seed=cfg.train.seed,
-                                batch_multiple=self._batch_multiple() * cfg.train.grad_accum,
-                                cache_dir=cache_dir, vocab_size=cfg.model.vocab_size, log=self.log)
-            tok = data.tokenizer
-            if tok.vocab_size > cfg.model.vocab_size:
-                raise ConfigError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the {tok.vocab_size} "
-                                  f"tokens of data.tokenizer {cfg.data.tokenizer!r}: set model.vocab_size to at "
-                                  f"least {tok.vocab_size}")
-        except UserError:
-            if created is not None and self.is_writer:
-                shutil.rmtree(created, ignore_errors=True)
-            raise
+        data = DataPipeline(cfg.data, seed=cfg.train.seed, batch_multiple=self._batch_multiple() * cfg.train.grad_accum,
+                            cache_dir=os.path.join(self.workdir, "data"), vocab_size=cfg.model.vocab_size, log=self.log)
+        tok = data.tokenizer
+        if tok.vocab_size > cfg.model.vocab_size:
+            raise ConfigError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the {tok.vocab_size} "
+                              f"tokens of data.tokenizer {cfg.data.tokenizer!r}: set model.vocab_size to at "
+                              f"least {tok.vocab_size}")
         return data
 
     def _check_same_on_every_process(self) -> None:

@@ -102,9 +102,12 @@ def record_text(where: str, obj, field: str) -> str:
 class _Records(Corpus):
     """Shared by the record formats: files under a root, a text field, a document cap."""
 
+    unit = "rows"
+
     def __init__(self, kind: str, path: Optional[str], field: str, max_docs: Optional[int]):
         self.name, self.field, self.max_docs, self.path = kind, field, max_docs, path
         self.root, self.files = data_files(path, kind)
+        self.seen = 0  # records read (the empty ones too), for the message when none has text
 
     def describe(self) -> str:
         n = len(self.files)
@@ -126,12 +129,15 @@ class _Records(Corpus):
                 n += 1
                 yield key, text
         if n == 0:
-            raise DataError(f"{self.path!r} has no record with a non-empty field {self.field!r}: "
+            what = f"{self.seen} {self.unit}" if self.seen else f"no {self.unit}"
+            raise DataError(f"{self.path!r} has {what} with a non-empty field {self.field!r}: "
                             "check data.path and data.text_field")
 
 
 class JsonlCorpus(_Records):
     """The string field of every line of *.jsonl files, read line by line."""
+
+    unit = "lines"
 
     def __init__(self, path, field="text", max_docs=None):
         super().__init__("jsonl", path, field, max_docs)
@@ -149,6 +155,7 @@ class JsonlCorpus(_Records):
                 offset += len(line) + 1
                 if not line.strip():
                     continue
+                self.seen += 1
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as e:
@@ -179,6 +186,7 @@ class DatasetsCorpus(_Records):
             raise DataError(f"{where}: no column {self.field!r} (columns: {', '.join(rows.column_names)}): "
                             "set data.text_field to the column holding the text")
         for i, row in enumerate(rows.select_columns([self.field])):
+            self.seen += 1
             text = record_text(f"{where}: row {i}", row, self.field)
             if text:
                 yield f"{rel}:{i}", text
