@@ -14,7 +14,6 @@ from dysejax.prefetch import Prefetcher
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
-pytest.importorskip("datasets")
 
 WORDS = "def class return import for while with yield lambda self None True False".split()
 

@@ -65,7 +65,8 @@ class HFTokenizer(Tokenizer):
         return None
 
     def encode_batch(self, texts):
-        return [np.asarray(e.ids, dtype=np.int32) for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
+        encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)  # fast: no character offsets
+        return [np.asarray(e.ids, dtype=np.int32) for e in encode(list(texts), add_special_tokens=False)]
 
     def decode(self, ids) -> str:
         return self.tok.decode([int(i) for i in np.asarray(ids).reshape(-1)], skip_special_tokens=True)
