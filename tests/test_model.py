@@ -17,7 +17,7 @@ DP = Plan((Run("dp", 2),))
 
 
 def _cfg(*extra):
-    return load_config(TINY, ["model.d_model=64", "model.d_ff=128", *extra]).model
+    return load_config(TINY, ["model.d_model=64", "model.d_ff=128", "model.vocab_size=264", *extra]).model
 
 
 def _logits(cfg, params, inputs, segs, pos, plan=DP):
