@@ -199,6 +199,7 @@ class Geometry:
     s_in: float  # sequence positions of a sub-layer's input as the sub-layer sees it
     att_tokens: float  # rows x positions of the attention-width activations (q, k, v, o)
     heads: float  # heads those activations carry
+    kv_heads: float  # K/V heads of the k and v activations (grouped-query attention)
     mlp_elems: float  # elements of one MLP hidden activation [tokens, d_ff share]
     dense: bool  # attention materialises the score matrix
     score_rows: float  # batch x heads x queries x keys of the dense scores (0 if blockwise)
@@ -209,6 +210,8 @@ def geometry(shape: Shape, strategy: str) -> Geometry:
     """Local extents of one layer of `strategy` on one device."""
     spec, s, p = shape.spec, shape.seq_len, shape.p
     n, f, blk = spec.n_heads, spec.d_ff, spec.attention_block
+    kv = {"tp": max(spec.kv_heads, p) / p, "tp_sp": max(spec.kv_heads, p) / p, "ulysses": max(spec.kv_heads, p),
+          "metp": max(spec.kv_heads, p) / p}.get(strategy, spec.kv_heads)  # replicated up to whole heads per device
     bl = shape.local_batch(strategy)
     blockwise = _uses_blockwise(spec, s)
     if strategy in BATCH_PARALLEL:
@@ -245,7 +248,7 @@ def geometry(shape: Shape, strategy: str) -> Geometry:
         tiles = bl * n / p * min(blk, c) ** 2
     else:
         raise KeyError(f"no memory model for strategy {strategy!r} (known: {', '.join(STRATEGY_NAMES)})")
-    return Geometry(bl, sb, s_in, tok, heads, mlp, dense, score, tiles)
+    return Geometry(bl, sb, s_in, tok, heads, kv, mlp, dense, score, tiles)
 
 
 def analytical_features(shape: Shape, strategy: str, remat: str = "none") -> tuple[dict, dict]:
@@ -289,10 +292,12 @@ def analytical_features(shape: Shape, strategy: str, remat: str = "none") -> tup
     Xb = geo.bl * geo.sb * h * e
     Xin = geo.bl * geo.s_in * h * e
     A = geo.att_tokens * geo.heads * k * e
+    Akv = geo.att_tokens * geo.kv_heads * k * e  # one of k, v
     F = geo.mlp_elems * e
     lse = geo.att_tokens * geo.heads * F32
     n_att = {"ulysses": 5, "metp": 1}.get(strategy, 4) + (1 if geo.dense else 0)
-    act_none = 4 * Xb32 + 2 * Xin + n_att * A + 6 * F + (0.0 if geo.dense else lse)
+    kv_saved = 0.0 if strategy == "metp" else 2 * (Akv - A)  # k and v are narrower than q and o
+    act_none = 4 * Xb32 + 2 * Xin + n_att * A + kv_saved + 6 * F + (0.0 if geo.dense else lse)
     quad = geo.score_rows * F32
 
     # weights kept per layer (remat none) and transient weight bytes
@@ -314,16 +319,16 @@ def analytical_features(shape: Shape, strategy: str, remat: str = "none") -> tup
         wsave_none = blk * e if (converted or d > 1) else 0.0
         wsave_remat = 0.0
         w_mlp = (g * h * spec.d_ff + spec.d_ff * h) / p
-        w_att = (3 * h * spec.n_heads * k + spec.n_heads * k * h) / p
+        w_att = ((2 * spec.n_heads + 2 * max(spec.kv_heads, p)) * h * k) / p
         wpeak = 2 * w_mlp * e + 2 * w_mlp * F32 + 2 * w_att * e + w_att * F32
         if d > 1:
             wpeak += blk * (pb + F32)
 
     # buffers in flight
     if strategy == "ring":
-        buf = 2 * 2 * A + 2 * geo.att_tokens * geo.heads * k * F32  # K/V double buffer + dK/dV f32
+        buf = 2 * 2 * Akv + 2 * geo.att_tokens * geo.kv_heads * k * F32  # K/V double buffer + dK/dV f32
     elif strategy == "metp":
-        kv = 2 * geo.att_tokens * geo.heads / p * k
+        kv = 2 * geo.att_tokens * geo.kv_heads * k
         buf = 2 * kv * e + kv * F32 + 3 * A / p + 2 * geo.att_tokens * h * F32 + (g + 1) * geo.att_tokens * spec.d_ff / p * e
     else:  # tp / tp_sp gathered inputs and partial sums are sub-layer-input-sized: in "actX"
         buf = 0.0

@@ -175,11 +175,13 @@ def layer_work(shape: Shape, strategy: str, remat: str = "none", skip_masked: bo
     holds: both branches of the kernels' `lax.cond`), for cross-checks against `hlo_dot_flops`."""
     spec, s, p, e, g = shape.spec, shape.seq_len, shape.p, shape.e, shape.g
     h, n, k, f = spec.d_model, spec.n_heads, spec.head_dim, spec.d_ff
+    G, Gp = spec.kv_heads, max(spec.kv_heads, p)  # K/V heads; as the model group holds them (replicated when < p)
+    qkv = (n + 2 * G) * h * k  # q, k, v projection weights
     N, pb, d = shape.n_devices, shape.param_bytes, shape.d
     bl = shape.local_batch(strategy)
     _, w_full = layer_param_elems(spec, N)
     big = w_full - 2 * h
-    per_token_mm = 2 * (3 * h * n * k + n * k * h + g * h * f + f * h)  # fwd matmul FLOPs per token
+    per_token_mm = 2 * (qkv + n * k * h + g * h * f + f * h)  # fwd matmul FLOPs per token
     blockwise = spec.use_blockwise(s)
     rec = 1.0 if remat == "full" else 0.0  # extra forward passes of the matmuls
     rec_attn = 1.0 if remat in ("full", "dots") else 0.0  # attention forward recomputed
@@ -238,7 +240,7 @@ def layer_work(shape: Shape, strategy: str, remat: str = "none", skip_masked: bo
             frac = _causal_fraction(spec, s, s, blockwise and skip_masked)
             a, am, el, elm = attention(bl, n / p, s, s, frac, flash=blockwise)
             w.attn_flops, w.attn_flops_mean, w.score_elems, w.score_elems_mean = a, am, el, elm
-            _add(w.comm, "all-to-all", A, p, 4 * (2 + rec_attn / 2))
+            _add(w.comm, "all-to-all", A * (2 * n + 2 * Gp) / (4 * n), p, 4 * (2 + rec_attn / 2))  # q, k, v, o
         else:
             tiled = blockwise
             diag = _causal_fraction(spec, int(c), int(c), tiled)
@@ -246,7 +248,7 @@ def layer_work(shape: Shape, strategy: str, remat: str = "none", skip_masked: bo
             crit, mean = ((p - 1) + diag, (p - 1) / 2 + diag) if skip_masked else (p, p)
             a, am, el, elm = attention(bl, n, c, c, crit, mean, flash=True)
             w.attn_flops, w.attn_flops_mean, w.score_elems, w.score_elems_mean = a, am, el, elm
-            kv = 2 * A
+            kv = 2 * A * G / n
             fwd_passes = 1 + rec_attn
             # per visiting block: forward 2 score matmuls, backward 5 (flash); each step's block
             # computes while the next hops. Forward: p - 1 K/V hops; backward: p - 1 K/V hops with
@@ -254,8 +256,8 @@ def layer_work(shape: Shape, strategy: str, remat: str = "none", skip_masked: bo
             blk_fwd = 4 * bl * n * k * c * c * (mean if shape_shared(shape) else crit) / p
             el_fwd = bl * n * c * c * (mean if shape_shared(shape) else crit) / p
             w.ring_steps.append((fwd_passes * (p - 1), kv, (0.0, blk_fwd, el_fwd)))
-            w.ring_steps.append((p - 1, kv + 2 * tokens * n * k * F32, (0.0, 2.5 * blk_fwd, el_fwd)))
-            w.ring_steps.append((1, 2 * tokens * n * k * F32, (0.0, 0.0, 0.0)))
+            w.ring_steps.append((p - 1, kv + 2 * tokens * G * k * F32, (0.0, 2.5 * blk_fwd, el_fwd)))
+            w.ring_steps.append((1, 2 * tokens * G * k * F32, (0.0, 0.0, 0.0)))
     elif strategy == "metp":
         c = s / p
         tokens = bl * c
@@ -266,10 +268,11 @@ def layer_work(shape: Shape, strategy: str, remat: str = "none", skip_masked: bo
         w.attn_flops, w.attn_flops_mean, w.score_elems, w.score_elems_mean = a, am, el, elm
         # the hand-written backward recomputes the MLP's input projection and q/k/v (not the output
         # projections): matches the dot FLOPs of the compiled HLO
-        w.matmul_flops += 2 * tokens * (g * h * f + 3 * h * n * k) * (1 - rec)
+        w.matmul_flops += 2 * tokens * (g * h * f + qkv) * (1 - rec)
         wblk_mlp = (g * h * f + f * h) / p * e
-        wblk_att = (3 * h * n * k + n * k * h) / p * e
-        kv = 2 * tokens * (n / p) * k * e
+        qkv_grp = (n + 2 * Gp) * h * k  # with K/V heads replicated to whole heads per group
+        wblk_att = (qkv_grp + n * k * h) / p * e
+        kv = 2 * tokens * (Gp / p) * k * e
         passes = 1 + (1 if remat != "none" else 0)
         mlp_blk = 2 * tokens * (g * h * f + f * h) / p  # forward FLOPs of one weight block on the chunk
         # MLP: a weight block hops while the previous one computes: p - 1 hops per forward; the
@@ -279,7 +282,7 @@ def layer_work(shape: Shape, strategy: str, remat: str = "none", skip_masked: bo
         w.ring_steps.append((1, wblk_mlp / e * F32, (0.0, 0.0, 0.0)))
         # attention: head group j + 1's weights are broadcast (a masked psum) while group j computes
         # its projections; its K/V blocks then hop an inner ring while each visiting block computes
-        proj_grp = 2 * tokens * (3 * h * n * k + n * k * h) / p
+        proj_grp = 2 * tokens * (qkv_grp + n * k * h) / p
         bw_ar, _ = _wire("all-reduce", wblk_att, p)
         w.ring_steps.append((passes * (p - 1), bw_ar, (proj_grp, 0.0, 0.0)))
         w.ring_steps.append((p - 1, bw_ar, (3 * proj_grp, 0.0, 0.0)))

@@ -10,6 +10,7 @@ import os
 from typing import Any, Optional
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from dysejax.errors import CheckpointError
@@ -110,3 +111,45 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+# -- parameters alone (imported models; `train.init_from`) ------------------------------------
+def save_params(path: str, params) -> None:
+    """Write a parameter tree (numpy or jax arrays) as an orbax checkpoint at `path`."""
+    ckpt = ocp.StandardCheckpointer()
+    ckpt.save(os.path.abspath(path), params)
+    ckpt.wait_until_finished()
+
+
+def read_numpy(path: str):
+    """Every array of an orbax checkpoint at `path` as host numpy arrays (any saving mesh)."""
+    ckpt = ocp.PyTreeCheckpointer()
+    try:
+        meta = ckpt.metadata(os.path.abspath(path))
+        tree = meta.item_metadata.tree if hasattr(meta, "item_metadata") else meta
+        args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+        return ckpt.restore(os.path.abspath(path), restore_args=args)
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a readable orbax checkpoint ({_one_line(e)}): point at the folder "
+                              "`python -m dysejax.hf import` wrote, or a checkpoint's state folder") from None
+
+
+def restore_params(path: str, abstract_params):
+    """Parameters saved by `save_params`, placed as `abstract_params`' shardings; a one-line
+    CheckpointError when they do not fit the model."""
+    want = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
+    try:
+        meta = ocp.StandardCheckpointer().metadata(os.path.abspath(path))
+        tree = meta.item_metadata.tree if hasattr(meta, "item_metadata") else meta
+    except Exception as e:
+        raise CheckpointError(f"train.init_from {path!r} is not a readable parameter checkpoint "
+                              f"({_one_line(e)}): point it at what `python -m dysejax.hf import` wrote") from None
+    have = {jax.tree_util.keystr(p): m for p, m in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    for p, a in want:
+        m = have.get(jax.tree_util.keystr(p))
+        if m is None or tuple(m.shape) != tuple(a.shape) or np.dtype(m.dtype) != np.dtype(a.dtype):
+            got = "missing" if m is None else f"{tuple(m.shape)} {np.dtype(m.dtype).name}"
+            raise CheckpointError(f"train.init_from {path!r}: parameter {jax.tree_util.keystr(p)} is {got}, the "
+                                  f"model needs {tuple(a.shape)} {np.dtype(a.dtype).name}: use the config the "
+                                  "import wrote, or another init_from")
+    return ocp.StandardCheckpointer().restore(os.path.abspath(path), abstract_params)

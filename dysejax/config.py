@@ -23,10 +23,22 @@ BYTE_VOCAB = 256 + SPECIAL_TOKENS
 
 
 @dataclass
+class RopeScalingConfig:
+    """Rotary frequency scaling for longer contexts (Hugging Face's `rope_scaling`)."""
+
+    type: Literal["linear", "llama3"] = "llama3"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0  # llama3 only
+    high_freq_factor: float = 4.0  # llama3 only
+    original_max_position_embeddings: int = 8192  # llama3 only: the pre-training context
+
+
+@dataclass
 class ModelConfig:
     n_layers: int = 2
     d_model: int = 128
     n_heads: int = 8
+    n_kv_heads: Optional[int] = None  # K/V heads (grouped-query attention; 1 = multi-query); default n_heads
     head_dim: Optional[int] = None  # default d_model // n_heads
     d_ff: Optional[int] = None  # default 4 * d_model (plain) or 8/3 * d_model rounded (gated)
     vocab_size: int = 264
@@ -35,6 +47,7 @@ class ModelConfig:
     tie_embeddings: bool = True
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    rope_scaling: Optional[RopeScalingConfig] = None
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     # auto: on a GPU a fused kernel (cudnn for unpacked bf16 rows, else pallas), on CPU dense up to
@@ -78,9 +91,13 @@ class GeometricBuckets:
 
 @dataclass
 class DataConfig:
-    source: Literal["stdlib", "text", "jsonl", "synthetic"] = "stdlib"
-    path: Optional[str] = None  # folder (text) or file/folder of *.jsonl (jsonl)
-    text_field: str = "text"
+    source: Literal["stdlib", "text", "jsonl", "parquet", "arrow", "synthetic"] = "stdlib"
+    path: Optional[str] = None  # folder (text) or a file / folder of *.jsonl, *.parquet, *.arrow
+    text_field: str = "text"  # the text field (jsonl) or column (parquet, arrow)
+    # bytes | bpe (trained on the training documents at model.vocab_size) | a tokenizer.json,
+    # a sentencepiece *.model or a Hugging Face model folder
+    tokenizer: str = "bytes"
+    tokenizer_sample_bytes: int = 8_000_000  # bpe: train on at most this much text
     glob: str = "**/*"  # files under `path` for the text source
     documents: Literal["files", "blocks"] = "files"  # stdlib/text: whole files, or top-level blocks
     buckets: Union[list[int], GeometricBuckets] = field(default_factory=lambda: [64, 128, 256])
@@ -142,6 +159,7 @@ class TrainConfig:
     compile_cache: bool = True  # JAX's persistent compilation cache
     compile_cache_dir: Optional[str] = None  # default WORKDIR/compile_cache
     peer_timeout_s: float = 120.0  # multi-process: wait this long for a process to join or answer
+    init_from: Optional[str] = None  # parameters to start from (what `python -m dysejax.hf import` writes)
 
 
 @dataclass
@@ -374,8 +392,17 @@ def validate(c: Config) -> None:
     _require(m.d_ff is None or m.d_ff > 0, f"model.d_ff must be positive, got {m.d_ff}")
     _require(m.head_dim is not None or m.d_model % m.n_heads == 0,
              f"model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads}), or set model.head_dim")
+    _require(m.n_kv_heads is None or (m.n_kv_heads > 0 and m.n_heads % m.n_kv_heads == 0),
+             f"model.n_kv_heads ({m.n_kv_heads}) must be positive and divide model.n_heads ({m.n_heads})")
+    if m.rope_scaling is not None:
+        r = m.rope_scaling
+        _require(r.factor > 0, f"model.rope_scaling.factor must be positive, got {r.factor}")
+        _require(r.type != "llama3" or (0 < r.low_freq_factor < r.high_freq_factor and r.original_max_position_embeddings > 0),
+                 "model.rope_scaling: llama3 needs 0 < low_freq_factor < high_freq_factor and a positive "
+                 f"original_max_position_embeddings, got {r.low_freq_factor}, {r.high_freq_factor}, "
+                 f"{r.original_max_position_embeddings}")
     _require(m.resolved_head_dim % 2 == 0, f"model.head_dim must be even for rotary positions, got {m.resolved_head_dim}")
-    _require(m.vocab_size >= BYTE_VOCAB,
+    _require(d.tokenizer != "bytes" or m.vocab_size >= BYTE_VOCAB,
              f"model.vocab_size must be at least {BYTE_VOCAB} (256 bytes + {SPECIAL_TOKENS} special ids), got {m.vocab_size}")
     if isinstance(d.buckets, list):
         _require(len(d.buckets) > 0, "data.buckets is empty: give at least one bucket length, e.g. [128, 256]")
@@ -389,7 +416,8 @@ def validate(c: Config) -> None:
     _require(0 <= d.eval_fraction < 1, f"data.eval_fraction must be in [0, 1), got {d.eval_fraction}")
     _require(d.eval_batches >= 0, f"data.eval_batches must be >= 0, got {d.eval_batches}")
     _require(d.max_docs is None or d.max_docs > 0, f"data.max_docs must be positive, got {d.max_docs}")
-    if d.source in ("text", "jsonl"):
+    _require(d.tokenizer_sample_bytes > 0, f"data.tokenizer_sample_bytes must be positive, got {d.tokenizer_sample_bytes}")
+    if d.source in ("text", "jsonl", "parquet", "arrow"):
         _require(d.path is not None, f"data.path is required for data.source={d.source!r}: set it to a folder or file")
     s = d.synthetic
     _require(0 < s.min_len <= s.max_len, f"data.synthetic: need 0 < min_len <= max_len, got {s.min_len}, {s.max_len}")

@@ -15,7 +15,8 @@ from dysejax.config import ModelConfig
 def layer_matmul_params(cfg: ModelConfig) -> int:
     """Weights one layer multiplies each token by: QKV, output projection, MLP."""
     d, h, k, f = cfg.d_model, cfg.n_heads, cfg.resolved_head_dim, cfg.resolved_d_ff
-    return d * 3 * h * k + h * k * d + d * (2 if cfg.mlp == "gated" else 1) * f + f * d
+    g = cfg.n_kv_heads or h  # K/V heads (grouped-query attention)
+    return d * (h + 2 * g) * k + h * k * d + d * (2 if cfg.mlp == "gated" else 1) * f + f * d
 
 
 def train_flops_split(cfg: ModelConfig, batch: int, seq_len: int, causal: bool = True) -> tuple[float, float]:

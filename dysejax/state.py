@@ -75,6 +75,12 @@ class StateLayout:
                 jax.ShapeDtypeStruct((), jnp.uint32)).compile()
         return self._compiled_init
 
+    def from_params(self, params):
+        """A step-0 state around given parameters (in the storage layout), optimizer state fresh."""
+        def build(params):
+            return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": self.optimizer.init(params)}
+        return jax.jit(build, out_shardings=self.shardings)(params)
+
     def init(self, seed: int):
         """A fresh state, created directly in the storage layout."""
         return self.compiled_init()(np.uint32(seed))

@@ -22,16 +22,17 @@ from costmodel.hardware import PROFILES
 from dysejax import run_report, runtime
 from dysejax.autoplan import (AutoPlanner, calibrate_memory_here, calibrate_time_here, check_hardware,
                               resolve_hardware)
-from dysejax.checkpoint import Checkpointer
+from dysejax.checkpoint import Checkpointer, restore_params
 from dysejax.compile_watch import compile_counter
 from dysejax.config import Config
 from dysejax.data import DataPipeline
-from dysejax.errors import ConfigError, PlanError, TrainingError
+from dysejax.errors import ConfigError, PlanError, TrainingError, UserError
 from dysejax.flops import peak_flops, train_flops
 from dysejax.metrics import MetricsWriter
 from dysejax.model.transformer import Transformer, block_spec, count_params
 from dysejax.optim import build_optimizer, schedule_horizon
 from dysejax.plans import PlanTable
+from dysejax.prefetch import Prefetcher
 from dysejax.programs import ProgramCache, ProgramKey, batch_sharding, gib
 from dysejax.progress import Phase, on_terminal
 from dysejax.state import StateLayout
@@ -41,6 +42,9 @@ from sharding.mesh import MeshError, build_mesh, describe_mesh, with_stage_axis
 from sharding.pipeline import Pipeline, PipelineError
 from sharding.plan import Plan, PlanSyntaxError, parse_plan
 from sharding.strategies import STRATEGIES, StrategyShapeError, get_strategy
+
+
+PREFETCH_BATCHES = 2  # batches prepared ahead of the step that runs (host memory: this many batches)
 
 
 def default_workdir(config_path: Optional[str]) -> str:
@@ -82,17 +86,22 @@ class Trainer:
         self.n_devices = self.mesh.devices.size
         self.model_config = with_attention_kernel(config, self.mesh.devices.flat[0].platform)
         self.spec = block_spec(self.model_config)
-        accum = config.train.grad_accum
-        self.data = DataPipeline(config.data, seed=config.train.seed, batch_multiple=self._batch_multiple() * accum,
-                                 batch_unit=accum if self.pipeline is None else None)
-        self.budget = runtime.memory_budget_bytes(config.parallel.memory_budget_gb, config.parallel.memory_headroom)
-        self._planner: Optional[AutoPlanner] = None
-        check_hardware(config.parallel.hardware)
-        self.plans = PlanTable(config.parallel.plan, self.data.buckets, config.model.n_layers, list(STRATEGIES),
-                               auto=lambda b: self.planner.plan(b, self.data.batch_size(b)).candidates)
-        for bucket in self.data.buckets:
-            for plan in self.plans.candidates(bucket):
-                self.check_plan(plan, bucket, self.data.batch_size(bucket))
+        # a bad input found from here on leaves no folder behind that was not there before
+        created = next((d for d in (self.workdir, os.path.join(self.workdir, "data")) if not os.path.exists(d)), None)
+        try:
+            self.data = self._open_data()
+            self.budget = runtime.memory_budget_bytes(config.parallel.memory_budget_gb, config.parallel.memory_headroom)
+            self._planner: Optional[AutoPlanner] = None
+            check_hardware(config.parallel.hardware)
+            self.plans = PlanTable(config.parallel.plan, self.data.buckets, config.model.n_layers, list(STRATEGIES),
+                                   auto=lambda b: self.planner.plan(b, self.data.batch_size(b)).candidates)
+            for bucket in self.data.buckets:
+                for plan in self.plans.candidates(bucket):
+                    self.check_plan(plan, bucket, self.data.batch_size(bucket))
+        except UserError:
+            if created is not None and self.is_writer:
+                shutil.rmtree(created, ignore_errors=True)
+            raise
         self.compile_cache_dir = None
         if config.train.compile_cache:
             self.compile_cache_dir = config.train.compile_cache_dir or os.path.join(self.workdir, "compile_cache")
@@ -115,6 +124,20 @@ class Trainer:
         # an input of every train program, so a new --steps or optimizer.total_steps compiles nothing
         self.programs.horizon = schedule_horizon(config.optimizer, config.train.steps)
         self._check_same_on_every_process()
+
+    def _open_data(self) -> DataPipeline:
+        """The data pipeline; a trained BPE and token caches go to WORKDIR/data."""
+        cfg = self.config
+        accum = cfg.train.grad_accum
+        data = DataPipeline(cfg.data, seed=cfg.train.seed, batch_multiple=self._batch_multiple() * accum,
+                            batch_unit=accum if self.pipeline is None else None,
+                            cache_dir=os.path.join(self.workdir, "data"), vocab_size=cfg.model.vocab_size, log=self.log)
+        tok = data.tokenizer
+        if tok.vocab_size > cfg.model.vocab_size:
+            raise ConfigError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the {tok.vocab_size} "
+                              f"tokens of data.tokenizer {cfg.data.tokenizer!r}: set model.vocab_size to at "
+                              f"least {tok.vocab_size}")
+        return data
 
     def _check_same_on_every_process(self) -> None:
         """Every process picks each step's bucket and program from these facts; all must agree."""
@@ -320,21 +343,36 @@ class Trainer:
         """The lr schedule's horizon: optimizer.total_steps, else train.steps."""
         return self.programs.horizon
 
-    def evaluate(self, params) -> Optional[float]:
-        """Mean token loss over the fixed held-out batches."""
-        total, count = 0.0, 0.0
+    def evaluate(self, params) -> dict:
+        """Held-out token loss and perplexity over the fixed eval batches, overall and per bucket:
+        {"eval_loss", "eval_ppl", "eval_tokens", "eval_loss_<L>", "eval_ppl_<L>", "eval_tokens_<L>", ...}
+        ({} without eval tokens)."""
+        sums: dict[int, list[float]] = {}
         for plan_b in self.data.eval_plans():
             program = self.program_for("eval", plan_b.bucket, plan_b.batch_size)
             loss_sum, n = jax.device_get(program(params, self.load_batch(plan_b, program.plan)))
-            total, count = total + float(loss_sum), count + float(n)
-        return total / count if count else None
+            acc = sums.setdefault(plan_b.bucket, [0.0, 0.0])
+            acc[0], acc[1] = acc[0] + float(loss_sum), acc[1] + float(n)
+        out = {}
+        for name, (total, count) in [("", [sum(v[i] for v in sums.values()) for i in (0, 1)])] + \
+                sorted((f"_{b}", v) for b, v in sums.items()):
+            if count:
+                out[f"eval_loss{name}"] = total / count
+                out[f"eval_ppl{name}"] = math.exp(min(total / count, 80.0))  # exp(80) ~ 5e34: not inf
+                out[f"eval_tokens{name}"] = int(count)
+        return out
 
     # -- the loop ----------------------------------------------------------------------------
     def _restore_or_init(self, ckpt: Checkpointer, metrics: MetricsWriter):
         step = ckpt.latest_step()
         if step is None:
             metrics.truncate_after(0)  # rows of a run killed before its first checkpoint
-            return self.state_layout.init(self.config.train.seed), self.data.train_iterator(), 0
+            init_from = self.config.train.init_from
+            if init_from is None:
+                return self.state_layout.init(self.config.train.seed), self.data.train_iterator(), 0
+            params = restore_params(init_from, self.state_layout.abstract["params"])
+            self.log(f"parameters from {init_from}")
+            return self.state_layout.from_params(params), self.data.train_iterator(), 0
         saved = ckpt.check_compatible(step, self._meta())
         state, data_state = ckpt.restore(step, self.state_layout.abstract)
         metrics.truncate_after(step)
@@ -379,11 +417,17 @@ class Trainer:
             reported = self.compiles_after_warmup
             skipped = 0
             rates = run_report.BucketRates()
-            with _stop_signals() as stop, _progress(self, start, target) as bar:
+
+            def produce():  # on the prefetch thread: the next batch on the devices, and the position after it
+                plan_b = it.next_plan()
+                program = self.program_for("train", plan_b.bucket, plan_b.batch_size)
+                return plan_b, it.state(), program, self.load_batch(plan_b, program.plan)
+
+            with _stop_signals() as stop, _progress(self, start, target) as bar, \
+                    Prefetcher(produce, PREFETCH_BATCHES) as batches:
                 for step in range(start + 1, target + 1):
-                    plan_b = it.next_plan()
-                    program = self.program_for("train", plan_b.bucket, plan_b.batch_size)
-                    batch = self.load_batch(plan_b, program.plan)
+                    t_wait = time.perf_counter()
+                    plan_b, data_state, program, batch = batches.next()
                     t0 = time.perf_counter()
                     state, out = program(state, batch)
                     out = jax.device_get(out)
@@ -391,7 +435,7 @@ class Trainer:
                     row = {"step": step, "loss": float(out["loss"]), "tokens": int(plan_b.real_tokens),
                            "loss_tokens": int(out["loss_tokens"]), "bucket": plan_b.bucket,
                            "batch_size": plan_b.batch_size, "plan": program.plan.id,
-                           "step_time_s": dt, "tokens_per_s": plan_b.real_tokens / dt if dt > 0 else 0.0,
+                           "step_time_s": dt, "data_wait_s": t0 - t_wait, "tokens_per_s": plan_b.real_tokens / dt if dt > 0 else 0.0,
                            "lr": float(out["lr"]), "grad_norm": float(out["grad_norm"]),
                            "bytes_per_device": program.bytes_per_device}
                     flops = train_flops(cfg.model, plan_b.batch_size, plan_b.bucket)
@@ -407,9 +451,7 @@ class Trainer:
                         skipped += 1
                     row["skipped_steps"] = skipped
                     if step % cfg.train.eval_every == 0 and cfg.data.eval_batches > 0:
-                        eval_loss = self.evaluate(state["params"])
-                        if eval_loss is not None:
-                            row["eval_loss"] = eval_loss
+                        row.update(self.evaluate(state["params"]))
                     row["compiles_after_warmup"] = self.compiles_after_warmup
                     if row["compiles_after_warmup"] > reported:
                         reported = row["compiles_after_warmup"]
@@ -422,7 +464,7 @@ class Trainer:
                         self.log(run_report.format_step(row, target))
                     signum = runtime.agreed_signal(stop.signum)  # every process stops after the same step
                     if ckpt.should_save(step) or step == target or signum is not None:
-                        ckpt.save(step, state, it.state(), self._meta())
+                        ckpt.save(step, state, data_state, self._meta())
                     if signum is not None:
                         self.interrupted = signum
                         ckpt.wait()

@@ -20,14 +20,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from sharding.mesh import STAGE_AXIS, mesh_roles
 
 # Logical axis names of parameters and activations.
-LAYERS, VOCAB, EMBED, QKV, HEADS, HEAD_DIM, GATE, MLP = (
-    "layers", "vocab", "embed", "qkv", "heads", "head_dim", "gate", "mlp")
+LAYERS, VOCAB, EMBED, QKV, HEADS, KV_HEADS, HEAD_DIM, GATE, MLP = (
+    "layers", "vocab", "embed", "qkv", "heads", "kv_heads", "head_dim", "gate", "mlp")
 BATCH, SEQ = "batch", "seq"
 
 # Storage rules, in priority order: the first logical axis a parameter has whose size the
 # device count divides is split over all mesh axes; parameters with one non-layer axis (norm
 # scales) and those no rule fits are replicated.
-STORAGE_PRIORITY: tuple[str, ...] = (HEADS, MLP, VOCAB, EMBED)
+STORAGE_PRIORITY: tuple[str, ...] = (HEADS, KV_HEADS, MLP, VOCAB, EMBED)
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,8 @@ class Pipeline:
                                 f"({stage.batch_size}) must divide the batch size ({batch}): change "
                                 "parallel.pipeline.microbatches or data.tokens_per_batch")
         p = stage.model_size
-        for what, value in (("model.n_heads", spec.n_heads), ("model.d_ff", spec.d_ff), ("sequence length", seq_len)):
+        for what, value in (("model.n_heads", spec.n_heads), ("model.n_kv_heads", spec.kv_heads),
+                            ("model.d_ff", spec.d_ff), ("sequence length", seq_len)):
             if value % p:
                 raise PipelineError(f"pipeline stages running tp_sp need {what} ({value}) divisible by the "
                                     f"model-parallel size ({p})")
@@ -122,7 +123,7 @@ class _StageLayout:
     def layer_specs(self, spec: BlockSpec) -> dict[str, tuple]:
         """Per-layer weight PartitionSpec entries inside a stage (without the layers axis)."""
         if self.strategy == "tp_sp":
-            layout = StorageLayout(self.mesh, self.model_axes, (L.HEADS, L.MLP))
+            layout = StorageLayout(self.mesh, self.model_axes, (L.HEADS, L.KV_HEADS, L.MLP))
         elif self.strategy == "fsdp" and self.batch_axes:
             layout = StorageLayout(self.mesh, self.batch_axes)
         else:
@@ -157,8 +158,8 @@ class _LocalSublayers:
         return jax.lax.psum_scatter(body(full), axes, scatter_dimension=1, tiled=True)
 
     def attention(self, w, x, segment_ids, positions, spec, mesh):
-        w = self._weights(w, ("wqkv", "wo"))
-        return self._sublayer(lambda h: blocks.attention_block(w["wqkv"], w["wo"], h, segment_ids, positions, spec), x)
+        w = self._weights(w, blocks.ATTENTION_MATRICES)
+        return self._sublayer(lambda h: blocks.attention_block(w, h, segment_ids, positions, spec), x)
 
     def mlp(self, w, x, spec, mesh):
         w = self._weights(w, ("w_in", "w_out"))

@@ -29,7 +29,8 @@ def layer_weight_shapes(spec: BlockSpec) -> dict[str, tuple[tuple[int, ...], tup
     g = 2 if spec.gated else 1
     return {
         "attn_norm": ((d,), (L.EMBED,)),
-        "wqkv": ((d, 3, h, k), (L.EMBED, L.QKV, L.HEADS, L.HEAD_DIM)),
+        "wq": ((d, h, k), (L.EMBED, L.HEADS, L.HEAD_DIM)),
+        "wkv": ((d, 2, spec.kv_heads, k), (L.EMBED, L.QKV, L.KV_HEADS, L.HEAD_DIM)),
         "wo": ((h, k, d), (L.HEADS, L.HEAD_DIM, L.EMBED)),
         "mlp_norm": ((d,), (L.EMBED,)),
         "w_in": ((d, g, f), (L.EMBED, L.GATE, L.MLP)),
@@ -37,7 +38,7 @@ def layer_weight_shapes(spec: BlockSpec) -> dict[str, tuple[tuple[int, ...], tup
     }
 
 
-ATTENTION_WEIGHTS = ("attn_norm", "wqkv", "wo")
+ATTENTION_WEIGHTS = ("attn_norm", "wq", "wkv", "wo")
 
 
 def layer_forward(strategy, spec: BlockSpec, mesh: Mesh, w, x, segment_ids, positions, ordered: bool = True):

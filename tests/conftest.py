@@ -12,8 +12,9 @@ import pytest  # noqa: E402
 
 TINY = os.path.join(ROOT, "configs", "tiny.yaml")
 
-# Small, fast settings shared by trainer tests: two buckets, a few hundred documents.
-FAST = ["data.buckets=[64,128]", "data.tokens_per_batch=1024", "data.max_docs=300",
+# Small, fast settings shared by trainer tests: two buckets, a few hundred documents, byte
+# tokens (tests of the trained BPE use it explicitly).
+FAST = ["data.tokenizer=bytes", "model.vocab_size=264", "data.buckets=[64,128]", "data.tokens_per_batch=1024", "data.max_docs=300",
         "data.eval_batches=1", "train.progress=false", "model.d_model=64", "model.d_ff=128"]
 
 

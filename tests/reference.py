@@ -23,7 +23,7 @@ from tests.conftest import TINY
 
 # Small model: 2 layers, d=64, 8 heads of 8, blockwise attention with a block that no tested
 # length is a multiple of.
-MODEL = ["model.d_model=64", "model.d_ff=128", "model.n_layers=2", "model.attention=blockwise",
+MODEL = ["model.d_model=64", "model.d_ff=128", "model.vocab_size=264", "model.n_layers=2", "model.attention=blockwise",
          "model.attention_block=48"]
 
 

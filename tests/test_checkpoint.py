@@ -47,8 +47,8 @@ def test_restore_onto_another_mesh_is_exact(tmp_path, target_mesh, devices):
         assert b.sharding == want
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     # the layout really changed: a 4-way split instead of an 8-way one
-    wqkv = restored["params"]["layers_wqkv"]
-    assert len(wqkv.sharding.device_set) == devices
+    wq = restored["params"]["layers_wq"]
+    assert len(wq.sharding.device_set) == devices
 
 
 def _train(tmp_path, *extra, steps=2):

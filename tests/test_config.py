@@ -38,11 +38,12 @@ def test_geometric_buckets_round_and_dedupe():
     ("model.n_layers=two", "model.n_layers: expected an integer, got 'two'"),
     ("model.n_layers=2.5", "model.n_layers: expected an integer, got 2.5"),
     ("train.tensorboard=3", "train.tensorboard: expected true or false, got 3"),
-    ("data.source=web", "data.source: expected one of 'stdlib' | 'text' | 'jsonl' | 'synthetic', got 'web'"),
+    ("data.source=web",
+     "data.source: expected one of 'stdlib' | 'text' | 'jsonl' | 'parquet' | 'arrow' | 'synthetic', got 'web'"),
     ("data.buckets=[]", "data.buckets is empty: give at least one bucket length, e.g. [128, 256]"),
     ("data.buckets=[64, -1]", "data.buckets[1] must be positive, got -1"),
     ("model.n_heads=7", "model.d_model (128) must be divisible by model.n_heads (7), or set model.head_dim"),
-    ("model.vocab_size=200", "model.vocab_size must be at least 259"),
+    ("model.vocab_size=200", "model.vocab_size must be at least 259"),  # with data.tokenizer=bytes (below)
     ("parallel.mesh={data: -1, model: -1}", "parallel.mesh: at most one axis may be -1"),
     ("parallel.mesh={}", "parallel.mesh is empty"),
     ("optimizer.lr=0", "optimizer.lr must be positive, got 0.0"),
@@ -51,7 +52,7 @@ def test_geometric_buckets_round_and_dedupe():
 ])
 def test_bad_values_name_the_field(override, message):
     with pytest.raises(ConfigError) as e:
-        load_config(TINY, [override])
+        load_config(TINY, ["data.tokenizer=bytes", override])
     assert message in str(e.value)
 
 

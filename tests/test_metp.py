@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from sharding.stack import layer_forward
-from sharding import layout as L
+from sharding.stack import layer_forward, layer_weight_shapes
 from sharding.layout import StorageLayout
 from sharding.mesh import build_mesh
 from sharding.ops import blocks
@@ -107,14 +106,15 @@ def test_metp_attention_matches_plain(axes, broadcast):
     data = packed_batch(4, 64, 3)
     seg, pos = jnp.asarray(data["segment_ids"]), jnp.asarray(data["positions"])
     x, ct = (jnp.asarray(rng.normal(size=(4, 64, 32)), jnp.float32) for _ in range(2))
-    wqkv = jnp.asarray(rng.normal(size=(32, 3, 8, 4)) / 5, jnp.float32)
-    wo = jnp.asarray(rng.normal(size=(8, 4, 32)) / 5, jnp.float32)
+    w = {"wq": jnp.asarray(rng.normal(size=(32, 8, 4)) / 5, jnp.float32),
+         "wkv": jnp.asarray(rng.normal(size=(32, 2, 8, 4)) / 5, jnp.float32),
+         "wo": jnp.asarray(rng.normal(size=(8, 4, 32)) / 5, jnp.float32)}
     act, tok = P(b, m, None), P(b, m)
     kernel = partial(metp_attention, spec=spec, ring=ring, broadcast=broadcast)
-    ring_attn = jax.shard_map(kernel, mesh=mesh, in_specs=(act, tok, tok, P(None, None, m, None), P(m, None, None)),
-                              out_specs=act)
-    got = _value_and_grads(lambda x, wq, wo: ring_attn(x, seg, pos, wq, wo), ct, x, wqkv, wo)
-    want = _value_and_grads(lambda x, wq, wo: blocks.attention_block(wq, wo, x, seg, pos, spec), ct, x, wqkv, wo)
+    specs = {"wq": P(None, m, None), "wkv": P(None, None, m, None), "wo": P(m, None, None)}
+    ring_attn = jax.shard_map(kernel, mesh=mesh, in_specs=(act, tok, tok, specs), out_specs=act)
+    got = _value_and_grads(lambda x, w: ring_attn(x, seg, pos, w), ct, x, w)
+    want = _value_and_grads(lambda x, w: blocks.attention_block(w, x, seg, pos, spec), ct, x, w)
     _assert_close(f"metp attention {axes} broadcast={broadcast}", got, want)
 
 
@@ -143,10 +143,7 @@ def test_shape_errors(axes, spec, batch, seq, message):
 
 # -- compiled figures of one layer ---------------------------------------------------------------
 def _layer_weights(spec: BlockSpec, mesh, abstract=False):
-    d, h, k, f, g = spec.d_model, spec.n_heads, spec.head_dim, spec.d_ff, 2 if spec.gated else 1
-    shapes = {"attn_norm": ((d,), (L.EMBED,)), "wqkv": ((d, 3, h, k), (L.EMBED, L.QKV, L.HEADS, L.HEAD_DIM)),
-              "wo": ((h, k, d), (L.HEADS, L.HEAD_DIM, L.EMBED)), "mlp_norm": ((d,), (L.EMBED,)),
-              "w_in": ((d, g, f), (L.EMBED, L.GATE, L.MLP)), "w_out": ((f, d), (L.MLP, L.EMBED))}
+    shapes = layer_weight_shapes(spec)
     if not abstract:
         return {n: jnp.zeros(shape) for n, (shape, _) in shapes.items()}
     layout = StorageLayout(mesh)
@@ -222,12 +219,12 @@ def test_group_broadcast_psum_vs_ring():
     """Both ways of sending a head group's weights compile; print their collectives and memory."""
     spec = BlockSpec(n_heads=8, head_dim=32, d_model=256, d_ff=1024, attention="blockwise", attention_block=256)
     mesh = build_mesh({"data": 8})
-    group_bytes = 4 * spec.d_model * spec.n_heads * spec.head_dim * 4 // 8  # wqkv_j + wo_j
+    group_bytes = 4 * spec.d_model * spec.n_heads * spec.head_dim * 4 // 8  # wq_j + wkv_j + wo_j
     figures = {}
     for broadcast in ("psum", "ring"):
         compiled = compile_layer(MemoryEfficientTensorParallel(broadcast=broadcast), spec, mesh, 1, 2048)
         ops = collectives(compiled.as_text())
-        group_ops = [(kind, sizes) for kind, sizes in ops if group_bytes * 3 // 4 in sizes]
+        group_ops = [(kind, sizes) for kind, sizes in ops if group_bytes // 2 in sizes]  # wkv_j
         figures[broadcast] = device_bytes(compiled)
         print(f"\nbroadcast={broadcast}: {figures[broadcast] / 2**20:.2f} MiB per device; HLO ops moving a "
               f"group block ({group_bytes} B): " + ", ".join(sorted({k for k, _ in group_ops})) +

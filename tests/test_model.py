@@ -17,7 +17,7 @@ DP = Plan((Run("dp", 2),))
 
 
 def _cfg(*extra):
-    return load_config(TINY, ["model.d_model=64", "model.d_ff=128", *extra]).model
+    return load_config(TINY, ["model.d_model=64", "model.d_ff=128", "model.vocab_size=264", *extra]).model
 
 
 def _logits(cfg, params, inputs, segs, pos, plan=DP):
@@ -39,8 +39,9 @@ def test_param_shapes_and_logical_axes():
     boxed = abstract_params(cfg)
     params = nn.unbox(boxed)
     axes = logical_axes(boxed)
-    assert params["layers_wqkv"].shape == (2, 64, 3, 8, 8)
-    assert axes["layers_wqkv"] == ("layers", "embed", "qkv", "heads", "head_dim")
+    assert params["layers_wq"].shape == (2, 64, 8, 8) and params["layers_wkv"].shape == (2, 64, 2, 8, 8)
+    assert axes["layers_wq"] == ("layers", "embed", "heads", "head_dim")
+    assert axes["layers_wkv"] == ("layers", "embed", "qkv", "kv_heads", "head_dim")
     assert params["layers_w_in"].shape == (2, 64, 2, 128) and params["layers_w_out"].shape == (2, 128, 64)
     assert params["embed"].shape == (264, 64) and params["lm_head"].shape == (64, 264)
     d, f, v, layers = 64, 128, 264, 2

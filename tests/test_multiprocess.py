@@ -16,7 +16,8 @@ from tests.conftest import ROOT, TINY
 
 # Two buckets, each with its own plan; with this seed step 3 and step 8 are 64-token batches (dp)
 # and the others 128-token ones (fsdp). The schedule horizon is fixed so every run shares programs.
-SETS = ["data.buckets=[64,128]", "data.tokens_per_batch=1024", "data.max_docs=300", "data.pack=false",
+SETS = ["data.tokenizer=bytes", "model.vocab_size=264", "data.buckets=[64,128]", "data.tokens_per_batch=1024",
+        "data.max_docs=300", "data.pack=false",
         "data.eval_batches=0", "train.seed=1", "train.progress=false", "model.d_model=64", "model.d_ff=128",
         "optimizer.total_steps=8", "train.checkpoint_every=2", "parallel.plan={64: dp, 128: fsdp}"]
 

@@ -93,7 +93,8 @@ def test_warmup_only_cli_fills_the_persistent_cache(tmp_path):
            "--warmup-only", "--set", *FAST, "train.compile_cache_dir=" + str(tmp_path / "cache")]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    assert "warmup train bucket     64" in out.stdout and "warmup: 3 programs" in out.stdout
+    # train and eval programs of buckets 64 and 128 (one fixed eval batch per bucket)
+    assert "warmup train bucket     64" in out.stdout and "warmup: 4 programs" in out.stdout
     assert len(os.listdir(tmp_path / "cache")) >= 3
     assert not os.path.exists(tmp_path / "w" / "metrics.jsonl")
     over = subprocess.run(cmd + ["parallel.memory_budget_gb=0.001"], cwd=ROOT, env=env, capture_output=True,

@@ -35,11 +35,11 @@ class Batch:
         return {name: getattr(self, name) for name in ARRAYS}
 
 
-def materialize(plan: BatchPlan, read, rows: Optional[slice] = None) -> Batch:
+def materialize(plan: BatchPlan, read, rows: Optional[slice] = None, pad_id: int = PAD_ID) -> Batch:
     """Arrays of `plan` (or of its rows `rows` only); `read(doc, start, end)` gives tokens."""
     chosen = plan.rows if rows is None else plan.rows[rows]
     L = plan.bucket
-    slots = np.full((len(chosen), L + 1), PAD_ID, dtype=np.int32)
+    slots = np.full((len(chosen), L + 1), pad_id, dtype=np.int32)
     seg = np.zeros((len(chosen), L + 1), dtype=np.int32)
     pos = np.zeros((len(chosen), L + 1), dtype=np.int32)
     for r, row in enumerate(chosen):

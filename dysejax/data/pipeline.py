@@ -6,7 +6,7 @@
     plan = it.next_plan()                   # BatchPlan (metadata only); advances the state
     batch = pipe.materialize(plan, rows=None)  # Batch; rows=slice(lo, hi) builds only those rows
     batch = next(it)                        # = pipe.materialize(it.next_plan())
-    pipe.epoch_plans(e), pipe.eval_plans()  # all plans of epoch e; the fixed eval batches
+    pipe.epoch_plans(e), pipe.eval_plans()  # all plans of epoch e; the fixed eval batches (per bucket)
     pipe.report, pipe.summary()             # counts (documents, long-document policy, ...), one line
 
 Epoch e is a pure function of (seed, e): the train documents are shuffled with
@@ -16,9 +16,12 @@ bucket mix). Epochs roll over forever; every train document is seen once per epo
 """
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
+import weakref
 from collections import OrderedDict
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -27,32 +30,34 @@ from dysejax.data.batch import Batch, materialize
 from dysejax.data.bucketing import batch_size, check_long, expand
 from dysejax.data.order import interleave
 from dysejax.data.packing import BatchPlan, pack
-from dysejax.data.sources import Source, jsonl_source, stdlib_source, text_source
+from dysejax.data import prepare
+from dysejax.data.sources import Source
 from dysejax.data.split import eval_mask
-from dysejax.data.blocks import BlockSource
-from dysejax.data.synthetic import SyntheticSource
+from dysejax.data.tokenizer import Tokenizer
 from dysejax.errors import DataError
 
 _EPOCH_CACHE = 2
 
 
-def open_source(cfg: DataConfig, seed: int = 0) -> Source:
-    """The document source `cfg.source` names, capped at cfg.max_docs documents."""
-    if cfg.source in ("stdlib", "text"):
-        files = stdlib_source(cfg.max_docs) if cfg.source == "stdlib" else text_source(cfg.path, cfg.glob, cfg.max_docs)
-        return BlockSource(files) if cfg.documents == "blocks" else files
-    if cfg.source == "jsonl":
-        return jsonl_source(cfg.path, cfg.text_field, cfg.max_docs)
-    if cfg.source == "synthetic":
-        return SyntheticSource(cfg.synthetic, seed, cfg.max_docs)
-    raise DataError(f"unknown data.source {cfg.source!r}: use stdlib, text, jsonl or synthetic")
+def open_source(cfg: DataConfig, seed: int = 0, tokenizer: Optional[Tokenizer] = None,
+                cache_dir: Optional[str] = None) -> Source:
+    """The token source `cfg.source` names, capped at cfg.max_docs documents (byte tokens by default)."""
+    tokenizer = tokenizer or prepare.build_tokenizer(cfg, None, seed, cache_dir)
+    return prepare.open_source(cfg, seed, tokenizer, cache_dir)
 
 
 class DataPipeline:
-    """Batches of one data config; see the module docstring for the whole API."""
+    """Batches of one data config; see the module docstring for the whole API.
+
+    The tokenizer is `tokenizer`, else the one `cfg.tokenizer` names (`bpe` needs `vocab_size`);
+    token caches and a trained BPE go to `cache_dir` (default: a temporary folder that lives as
+    long as the pipeline).
+    """
 
     def __init__(self, cfg: DataConfig, seed: int = 0, batch_multiple: int = 1,
-                 source: Optional[Source] = None, batch_unit: Optional[int] = None):
+                 source: Optional[Source] = None, tokenizer: Optional[Tokenizer] = None,
+                 cache_dir: Optional[str] = None, vocab_size: Optional[int] = None,
+                 log: Optional[Callable[[str], None]] = None, batch_unit: Optional[int] = None):
         """Batch sizes are multiples of `batch_multiple` where the token budget allows, else
         divisors of it that are multiples of `batch_unit` (default: always `batch_multiple`)."""
         if batch_multiple < 1:
@@ -63,7 +68,12 @@ class DataPipeline:
         if not self.buckets:
             raise DataError("data.buckets describes no bucket: give lengths, e.g. [128, 256], or min <= max")
         self.batch_sizes = [self.batch_size(L) for L in self.buckets]
-        self.source = source if source is not None else open_source(cfg, self.seed)
+        if cache_dir is None and source is None:
+            cache_dir = tempfile.mkdtemp(prefix="dysejax-data-")
+            weakref.finalize(self, shutil.rmtree, cache_dir, True)
+        self.tokenizer = tokenizer or prepare.build_tokenizer(cfg, vocab_size, self.seed, cache_dir, log)
+        self.source = source if source is not None else prepare.open_source(cfg, self.seed, self.tokenizer,
+                                                                             cache_dir, log)
         self.max_bucket = self.buckets[-1]
         lengths = self.source.lengths
         long = check_long(self.source.keys, lengths, self.max_bucket, cfg.long_policy)
@@ -112,15 +122,22 @@ class DataPipeline:
             return self._epochs[epoch]
 
     def eval_plans(self) -> list[BatchPlan]:
-        """The first data.eval_batches BatchPlans of the eval split (fixed; fewer if it is small)."""
+        """The first data.eval_batches BatchPlans of each bucket of the eval split (fixed; fewer
+        where the split is small), so that every bucket's held-out loss is measured."""
         if self._eval is None:
             n = self.cfg.eval_batches
-            self._eval = self._pack(self.eval_docs)[:n] if len(self.eval_docs) and n else []
+            plans = self._pack(self.eval_docs) if len(self.eval_docs) and n else []
+            taken: dict[int, int] = {}
+            self._eval = []
+            for plan in plans:
+                if taken.get(plan.bucket, 0) < n:
+                    taken[plan.bucket] = taken.get(plan.bucket, 0) + 1
+                    self._eval.append(plan)
         return self._eval
 
     def materialize(self, plan: BatchPlan, rows: Optional[slice] = None) -> Batch:
         """The arrays of `plan`, or only of its rows `rows` (e.g. this process's share)."""
-        return materialize(plan, self.source.read, rows)
+        return materialize(plan, self.source.read, rows, self.tokenizer.pad_id)
 
     def train_iterator(self, state: Optional[dict] = None) -> "DataIterator":
         """An endless iterator over train batches, from the start or from a saved state."""

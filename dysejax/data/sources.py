@@ -1,15 +1,15 @@
-"""Document sources: the Python standard library, a folder of text files, or JSONL.
+"""Document sources of byte tokens: the Python standard library or a folder of text files.
 
 Every source offers the same small interface (`Source`): `name`, `describe()`, per-document
 `keys` (stable names used for the train/eval split and in messages), `lengths` (tokens per
 document, EOS included) and `read(i, start, end)` -> int32 tokens[start:end] of document i.
-File-backed sources know lengths from file sizes and read bytes only when a batch is built;
-JSONL documents are held in memory (they must be parsed to be validated anyway).
+File-backed sources know byte-token lengths from file sizes and read bytes only when a batch is
+built. Other tokenizers and the streamed formats (JSONL, Parquet, Arrow) go through the token
+cache (`dysejax.data.corpus`, `dysejax.data.token_cache`); this module keeps the JSONL checks.
 """
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sysconfig
 from pathlib import Path
@@ -120,24 +120,25 @@ def stdlib_corpus() -> np.ndarray:
     return out
 
 
-def _require_path(path: Optional[str], source: str) -> Path:
+def require_path(path: Optional[str], source: str) -> Path:
+    """data.path as an existing Path, or a one-line DataError saying what to point it at."""
     if not path:
         raise DataError(f"data.path is required for data.source={source!r}: set it to a folder or file")
     p = Path(path).expanduser()
     if not p.exists():
-        what = "a folder of text files" if source == "text" else "a .jsonl file or a folder of them"
+        what = "a folder of text files" if source == "text" else f"a .{source} file or a folder of them"
         raise DataError(f"data.path {path!r} does not exist: set data.path to {what}")
     return p
 
 
-def _utf8_error(where: str, data: bytes, e: UnicodeDecodeError, fix: str, offset: int = 0) -> DataError:
+def utf8_error(where: str, data: bytes, e: UnicodeDecodeError, fix: str, offset: int = 0) -> DataError:
     return DataError(f"{where}: not UTF-8 (byte 0x{data[e.start]:02x} at byte offset {offset + e.start}): "
                      f"convert it to UTF-8 or {fix}")
 
 
-def text_source(path: Optional[str], pattern: str = "**/*", max_docs: Optional[int] = None) -> FileSource:
-    """Files matching `pattern` under folder `path`, sorted; each must be UTF-8 text."""
-    root = _require_path(path, "text")
+def text_files(path: Optional[str], pattern: str = "**/*", max_docs: Optional[int] = None) -> FileSource:
+    """Non-empty files matching `pattern` under folder `path`, sorted (listed, not read)."""
+    root = require_path(path, "text")
     if not root.is_dir():
         raise DataError(f"data.path {path!r} is a file; the text source reads a folder: "
                         "set data.path to its folder and data.glob to match it")
@@ -146,103 +147,25 @@ def text_source(path: Optional[str], pattern: str = "**/*", max_docs: Optional[i
     files = sorted((p.relative_to(root).as_posix() for p in root.glob(pattern) if p.is_file()))
     if not files:
         raise DataError(f"no files under {path!r} match data.glob {pattern!r}: fix data.glob (e.g. '**/*.txt') or data.path")
-    rels, sizes = [], []
-    for rel in files:
-        if max_docs is not None and len(rels) >= max_docs:
-            break
-        data = (root / rel).read_bytes()
-        if not data:
-            continue
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise _utf8_error(str(root / rel), data, e, "exclude it with data.glob") from None
-        rels.append(rel)
-        sizes.append(len(data))
-    if not rels:
+    sized = [(rel, (root / rel).stat().st_size) for rel in files]
+    kept = [(rel, size) for rel, size in sized if size > 0][:max_docs]
+    if not kept:
         raise DataError(f"all {len(files)} files under {path!r} matching {pattern!r} are empty: "
                         "add text to them or point data.path elsewhere")
-    return FileSource("text", root, rels, sizes, str(root))
+    return FileSource("text", root, [r for r, _ in kept], [s for _, s in kept], str(root))
 
 
-class JsonlSource:
-    """Documents from the string field `text_field` of each line of JSONL files, held in memory."""
-
-    def __init__(self, name: str, keys: list[str], docs: list[bytes], about: str):
-        self.name, self.keys, self.docs, self.about = name, keys, docs, about
-        self.lengths = np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=len(docs))
-
-    def describe(self) -> str:
-        """Source name and where its files live."""
-        return f"{self.name} ({self.about})"
-
-    def read(self, i: int, start: int, end: int) -> np.ndarray:
-        """int32 tokens[start:end] of document i."""
-        size = len(self.docs[i])
-        _check_range(size + 1, start, end, self.keys[i])
-        return tokens_from_bytes(self.docs[i][start:min(end, size)], end == size + 1)
-
-
-def _jsonl_files(root: Path, path: str) -> tuple[Path, list[str]]:
-    if root.is_file():
-        return root.parent, [root.name]
-    if not any(root.iterdir()):
-        raise DataError(f"data.path {path!r} is an empty folder: put .jsonl files in it or point data.path elsewhere")
-    files = sorted(p.relative_to(root).as_posix() for p in root.glob("**/*.jsonl") if p.is_file())
-    if not files:
-        raise DataError(f"no *.jsonl files under {path!r}: point data.path at a .jsonl file or a folder of them")
-    return root, files
-
-
-def _jsonl_text(where: str, line: bytes, field: str) -> str:
+def decode_text(where: str, data: bytes, strict: bool = True) -> str:
+    """UTF-8 text of a document's bytes; a one-line DataError if it is not UTF-8 (strict)."""
     try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno}): "
-                        f"each line must be one JSON object with a string field {field!r}") from None
-    if not isinstance(obj, dict):
-        raise DataError(f"{where}: expected a JSON object with a string field {field!r}, "
-                        f"got {type(obj).__name__}: write one object per line")
-    if field not in obj:
-        keys = ", ".join(sorted(map(str, obj))[:8]) or "none"
-        raise DataError(f"{where}: no field {field!r} in this object (its keys: {keys}): "
-                        "set data.text_field to the field holding the text")
-    value = obj[field]
-    if not isinstance(value, str):
-        raise DataError(f"{where}: field {field!r} is {type(value).__name__}, not a string: "
-                        "set data.text_field to a field holding the text")
-    return value
+        return data.decode("utf-8", errors="strict" if strict else "replace")
+    except UnicodeDecodeError as e:
+        raise utf8_error(where, data, e, "exclude it with data.glob") from None
 
 
-def jsonl_source(path: Optional[str], text_field: str = "text", max_docs: Optional[int] = None) -> JsonlSource:
-    """String field `text_field` of every line of a .jsonl file or folder of them (sorted)."""
-    given = _require_path(path, "jsonl")
-    root, files = _jsonl_files(given, path)
-    keys, docs, lines_seen = [], [], 0
-    for rel in files:
-        if max_docs is not None and len(docs) >= max_docs:
-            break
-        data = (root / rel).read_bytes()
-        offset = 0
-        for lineno, line in enumerate(data.split(b"\n"), start=1):
-            if max_docs is not None and len(docs) >= max_docs:
-                break
-            where = f"{root / rel}:{lineno}"
-            try:
-                line.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise _utf8_error(where, line, e, "remove that line", offset) from None
-            offset += len(line) + 1
-            if not line.strip():
-                continue
-            lines_seen += 1
-            text = _jsonl_text(where, line, text_field).encode("utf-8")
-            if text:
-                keys.append(f"{rel}:{lineno}")
-                docs.append(text)
-    if not docs:
-        what = f"{lines_seen} lines" if lines_seen else "no lines"
-        raise DataError(f"{path!r} has {what} with a non-empty field {text_field!r}: "
-                        "check data.path and data.text_field")
-    about = f"{len(files)} file{'s' if len(files) != 1 else ''} under {root}"
-    return JsonlSource("jsonl", keys, docs, about)
+def text_source(path: Optional[str], pattern: str = "**/*", max_docs: Optional[int] = None) -> FileSource:
+    """Files matching `pattern` under folder `path`, sorted; each must be UTF-8 text."""
+    files = text_files(path, pattern, max_docs)
+    for rel in files.keys:
+        decode_text(str(files.root / rel), (files.root / rel).read_bytes())
+    return files

@@ -7,6 +7,8 @@ MLP. So the same parameters serve every plan, and switching plans moves no param
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -15,10 +17,19 @@ from jax.sharding import Mesh
 from dysejax.config import ModelConfig
 from sharding import layout as L
 from sharding.ops.blocks import BlockSpec, rms_norm
+from sharding.ops.rope import RopeScaling
 from sharding.ops.ordering import tie
 from sharding.plan import Plan
 from sharding.stack import layer_weight_shapes, run_layers
 from sharding.strategies import get_strategy
+
+
+def rope_scaling(cfg: ModelConfig) -> Optional[RopeScaling]:
+    """`model.rope_scaling` as the kernels' RopeScaling (None without one)."""
+    r = cfg.rope_scaling
+    if r is None:
+        return None
+    return RopeScaling(r.type, r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings)
 
 
 def block_spec(cfg: ModelConfig) -> BlockSpec:
@@ -27,7 +38,8 @@ def block_spec(cfg: ModelConfig) -> BlockSpec:
         n_heads=cfg.n_heads, head_dim=cfg.resolved_head_dim, d_model=cfg.d_model,
         d_ff=cfg.resolved_d_ff, gated=cfg.mlp == "gated", activation=cfg.activation,
         attention=cfg.attention, attention_block=cfg.attention_block, rope_theta=cfg.rope_theta,
-        norm_eps=cfg.norm_eps, compute_dtype=cfg.compute_dtype)
+        norm_eps=cfg.norm_eps, compute_dtype=cfg.compute_dtype, n_kv_heads=cfg.n_kv_heads,
+        rope_scaling=rope_scaling(cfg))
 
 
 def _init(std: float):
@@ -50,7 +62,7 @@ class Transformer(nn.Module):
         cfg = self.cfg
         std, out_std = cfg.init_std, cfg.init_std / (2 * cfg.n_layers) ** 0.5
         inits = {"attn_norm": nn.initializers.ones, "mlp_norm": nn.initializers.ones,
-                 "wqkv": _init(std), "w_in": _init(std), "wo": _init(out_std), "w_out": _init(out_std)}
+                 "wq": _init(std), "wkv": _init(std), "w_in": _init(std), "wo": _init(out_std), "w_out": _init(out_std)}
         self.embed = self._param("embed", (cfg.vocab_size, cfg.d_model), (L.VOCAB, L.EMBED), _init(std))
         self.layers = {name: self._param(f"layers_{name}", shape, axes, inits[name], stacked=True)
                        for name, (shape, axes) in layer_weight_shapes(block_spec(cfg)).items()}

@@ -1,6 +1,6 @@
 """Per-device attention: a dense reference and a memory-efficient blockwise (flash) kernel.
 
-q, k, v: [B, S, H, D] / [B, Skv, H, D]. Masks from integer arrays (see ``online_softmax``):
+q, k, v: [B, S, H, D] / [B, Skv, G, D], G dividing H (grouped-query attention when G < H). Masks from integer arrays (see ``online_softmax``):
 segment ids (0 = padding; attention only within equal nonzero ids; None = no segment masking)
 and absolute token indices for the causal rule kv_index <= q_index (None = arange).
 Softmax in float32 whatever the input dtype; the output has q's dtype. Fully masked query rows
@@ -24,7 +24,9 @@ from sharding.ops.online_softmax import (
     init_carry,
     make_mask,
     materialize_ids,
+    check_heads,
     scores,
+    weigh_kv,
 )
 
 _F32 = jnp.float32
@@ -47,6 +49,7 @@ def dense_attention(
 
     Returns out [B, S, H, D] in q's dtype, or (out, lse [B, S, H] float32) with return_lse.
     """
+    check_heads(q, k, v)
     scale = default_scale(q.shape[-1]) if scale is None else scale
     mask = make_mask(
         q.shape[1], k.shape[1], q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
@@ -61,7 +64,7 @@ def dense_attention(
     l = jnp.sum(p, axis=-1)
     seen = l > 0
     l_safe = jnp.where(seen, l, 1.0)
-    o = jnp.einsum("bqhk,bkhd->bqhd", p.astype(v.dtype), v, preferred_element_type=_F32)
+    o = weigh_kv(p.astype(v.dtype), v)
     out = jnp.where(seen[..., None], o / l_safe[..., None], 0.0).astype(q.dtype)
     if not return_lse:
         return out
@@ -126,8 +129,7 @@ def blockwise_attention(
     """
     B, Sq, H, D = q.shape
     Skv = k.shape[1]
-    if k.shape != (B, Skv, H, D) or v.shape != k.shape:
-        raise ValueError(f"shape mismatch: q {q.shape}, k {k.shape}, v {v.shape}")
+    check_heads(q, k, v)
     scale = default_scale(D) if scale is None else float(scale)
     ids = materialize_ids(B, Sq, Skv, q_segment_ids, kv_segment_ids, q_index, kv_index)
     bk = max(1, min(int(block_size), Skv))

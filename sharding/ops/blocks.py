@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from sharding.ops.attention import blockwise_attention, dense_attention
 from sharding.ops.fused_attention import KERNELS, fused_attention
-from sharding.ops.rope import apply_rope
+from sharding.ops.rope import RopeScaling, apply_rope
 
 
 @dataclass(frozen=True)
@@ -31,10 +31,17 @@ class BlockSpec:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     compute_dtype: str = "float32"
+    n_kv_heads: Optional[int] = None  # K/V heads (grouped-query attention); None: n_heads
+    rope_scaling: Optional[RopeScaling] = None
 
     @property
     def dtype(self):
         return jnp.dtype(self.compute_dtype)
+
+    @property
+    def kv_heads(self) -> int:
+        """K/V heads G; query head h reads K/V head h // (n_heads / G)."""
+        return self.n_kv_heads or self.n_heads
 
     def use_blockwise(self, seq_len: int) -> bool:
         """Whether attention at this length keeps O(S) memory (blockwise, or a fused flash kernel)."""
@@ -53,12 +60,52 @@ def rms_norm(x, scale, eps: float):
     return (y * scale.astype(jnp.float32)).astype(x.dtype)
 
 
-def qkv_projection(wqkv, x, positions, spec: BlockSpec):
-    """x [B,S,D] @ wqkv [D,3,H,K] -> rotated q, k and v, each [B,S,H,K]."""
-    qkv = jnp.einsum("bsd,dthk->tbshk", x, wqkv.astype(x.dtype))
-    q = apply_rope(qkv[0], positions, spec.rope_theta)
-    k = apply_rope(qkv[1], positions, spec.rope_theta)
-    return q, k, qkv[2]
+ATTENTION_MATRICES = ("wq", "wkv", "wo")  # [D, H, K], [D, 2, G, K], [H, K, D]
+
+
+def attention_weights(w: dict) -> dict:
+    """The attention sub-layer's matrices of a layer's weights."""
+    return {name: w[name] for name in ATTENTION_MATRICES}
+
+
+def qkv_projection(w, x, positions, spec: BlockSpec):
+    """x [B,S,D] @ w["wq"] [D,H,K], w["wkv"] [D,2,G,K] -> rotated q [B,S,H,K], rotated k and
+    v [B,S,G,K]."""
+    H, G = w["wq"].shape[1], w["wkv"].shape[2]
+    rope = lambda t: apply_rope(t, positions, spec.rope_theta, spec.rope_scaling)  # noqa: E731
+    # One matmul for q, k and v (two would keep another [B, S, D] partial sum in the backward).
+    # With as many K/V heads as query heads, a leading q/k/v axis makes the three slices free.
+    wqkv = _joined(w["wq"], w["wkv"], grouped=G != H).astype(x.dtype)
+    if G == H:
+        qkv = jnp.einsum("bsd,dthk->tbshk", x, wqkv)
+        return rope(qkv[0]), rope(qkv[1]), qkv[2]
+    qkv = jnp.einsum("bsd,dhk->bshk", x, wqkv)
+    return rope(qkv[:, :, :H]), rope(qkv[:, :, H:H + G]), qkv[:, :, H + G:]
+
+
+def _joined(wq, wkv, grouped: bool):
+    """[D, 3, H, K] (G = H) or [D, H + 2G, K] (G < H) from wq [D, H, K] and wkv [D, 2, G, K]."""
+    if not grouped:
+        return jnp.concatenate([wq[:, None], wkv], axis=1)
+    D, G, K = wkv.shape[0], wkv.shape[2], wkv.shape[3]
+    return jnp.concatenate([wq, wkv.reshape(D, 2 * G, K)], axis=1)
+
+
+def kv_heads_for_group(wkv, p: int):
+    """wkv [..., G, K] with K/V heads repeated so that the p devices of a model-parallel group
+    each hold whole heads: unchanged when p divides G, else each head repeated p / G times
+    (Megatron's K/V replication; autodiff sums the copies' gradients). Needs G % p == 0 or
+    p % G == 0 (`kv_split_error`)."""
+    g = wkv.shape[-2]
+    return wkv if g % p == 0 else jnp.repeat(wkv, p // g, axis=-2)
+
+
+def kv_split_error(spec: BlockSpec, p: int) -> Optional[str]:
+    """Why the K/V heads cannot be split over p devices (None when they can)."""
+    g = spec.kv_heads
+    if g % p == 0 or p % g == 0:
+        return None
+    return f"n_kv_heads ({g}) to divide or be divisible by the model-parallel size ({p})"
 
 
 def local_attention(q, k, v, spec: BlockSpec, *, q_segment_ids=None, kv_segment_ids=None,
@@ -83,13 +130,13 @@ def output_projection(o, wo):
     return jnp.einsum("bshk,hkd->bsd", o, wo.astype(o.dtype))
 
 
-def attention_block(wqkv, wo, x, segment_ids, positions, spec: BlockSpec,
-                    index: Optional[jax.Array] = None):
-    """Attention sub-layer on local data: projections, rotary positions, attention, output."""
-    q, k, v = qkv_projection(wqkv, x, positions, spec)
+def attention_block(w, x, segment_ids, positions, spec: BlockSpec, index: Optional[jax.Array] = None):
+    """Attention sub-layer on local data (w: `attention_weights`): projections, rotary
+    positions, attention, output."""
+    q, k, v = qkv_projection(w, x, positions, spec)
     o = local_attention(q, k, v, spec, q_segment_ids=segment_ids, kv_segment_ids=segment_ids,
                         q_index=index, kv_index=index)
-    return output_projection(o, wo)
+    return output_projection(o, w["wo"])
 
 
 def mlp_hidden(w_in, x, spec: BlockSpec):

@@ -85,5 +85,7 @@ def fused_attention(kernel: str, q, k, v, segment_ids, *, platform: Optional[str
         return (None, why) if why else (cudnn_attention(q, k, v, segment_ids), None)
     if kernel == "pallas":
         why = pallas_unserved(q, platform, n_devices)
+        if why is None and k.shape[2] != q.shape[2]:  # grouped-query attention
+            why = f"the Pallas kernel needs as many K/V heads as query heads, got {k.shape[2]} and {q.shape[2]}"
         return (None, why) if why else (pallas_attention(q, k, v, segment_ids, interpret=platform == "cpu"), None)
     raise ValueError(f"unknown fused attention kernel {kernel!r} (known: {', '.join(KERNELS)})")

@@ -8,8 +8,8 @@ holds a gathered activation or a full weight matrix; only blocks move.
 Schedules (double buffered: the block used at step t+1 is sent before step t computes):
   * MLP: for t < p: z += act(x W_in,j) W_out,j with j = r - t; the (W_in,j, W_out,j) blocks
     travel the ring.
-  * Attention: for each head group j (every device on the same group): group j's weights are
-    broadcast from device j, q/k/v are projected for the chunk, an inner ring passes the
+  * Attention: for each head group j (every device on the same group): group j's weights
+    (query heads, their K/V heads, output rows) are broadcast from device j, q/k/v are projected for the chunk, an inner ring passes the
     K/V blocks (with their segment ids and token indices) through an online softmax, and
     o_j W_o,j accumulates into the output.
 Backward by hand (`jax.custom_vjp`; autodiff through a scan of ring steps would keep every
@@ -250,75 +250,80 @@ _BROADCAST = {"psum": broadcast_psum, "ring": broadcast_ring}
 # --------------------------------------------------------------------------------------------
 # METP attention sub-layer
 # --------------------------------------------------------------------------------------------
-def _qkv(spec: BlockSpec, pos, x, wqkv):
-    return blocks.qkv_projection(wqkv, x, pos, spec)
+def _qkv(spec: BlockSpec, pos, x, w):
+    return blocks.qkv_projection(w, x, pos, spec)
 
 
-def attention_forward(x, seg, pos, wqkv, wo, spec: BlockSpec, ring: Ring, broadcast: str = "psum"):
+def _projections(w):
+    return {"wq": w["wq"], "wkv": w["wkv"]}
+
+
+def attention_forward(x, seg, pos, w, spec: BlockSpec, ring: Ring, broadcast: str = "psum"):
     """(out [B, c, D], o per group [p, B, c, H/p, K], lse per group [p, B, c, H/p]) of the
-    attention sub-layer for this device's chunk x; (wqkv [D, 3, H/p, K], wo [H/p, K, D]) is
-    its head group. K/V blocks are processed in `spec.attention_block` tiles, fully masked
-    tiles (the causal future, other documents) skipped. Plain JAX (autodiff through it keeps
-    every visiting block)."""
-    bcast = partial(_BROADCAST[broadcast], (wqkv, wo), ring=ring)
+    attention sub-layer for this device's chunk x; w (`blocks.attention_weights`: wq
+    [D, H/p, K], wkv [D, 2, G/p, K], wo [H/p, K, D]) is its head group. K/V blocks are
+    processed in `spec.attention_block` tiles, fully masked tiles (the causal future, other
+    documents) skipped. Plain JAX (autodiff through it keeps every visiting block)."""
+    bcast = partial(_BROADCAST[broadcast], w, ring=ring)
     idx = chunk_index(seg.shape, ring)
-    p, (B, c, D), (hg, kd) = ring.size, x.shape, wqkv.shape[2:]
+    p, (B, c, D), (hg, kd) = ring.size, x.shape, w["wq"].shape[1:]
 
-    def group(j, w, state):
+    def group(j, wj, state):
         out, o_all, lse_all = state
-        q, k, v = _qkv(spec, pos, x, w[0])
+        q, k, v = _qkv(spec, pos, x, wj)
         o, lse = ring_attention_forward(q, k, v, seg, idx, ring, spec.attention_block)
-        out = out + blocks.output_projection(o, w[1]).astype(_F32)
+        out = out + blocks.output_projection(o, wj["wo"]).astype(_F32)
         return (out, lax.dynamic_update_index_in_dim(o_all, o, j, 0),
                 lax.dynamic_update_index_in_dim(lse_all, lse, j, 0))
 
     state = _varying((jnp.zeros((B, c, D), _F32), jnp.zeros((p, B, c, hg, kd), x.dtype),
-                      jnp.zeros((p, B, c, hg), _F32)), x, wqkv)
+                      jnp.zeros((p, B, c, hg), _F32)), x, w)
     out, o_all, lse_all = pipeline(p, bcast(0), lambda j, _: bcast(j + 1), group, state)
     return out.astype(x.dtype), o_all, lse_all
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def metp_attention(x, seg, pos, wqkv, wo, spec: BlockSpec, ring: Ring, broadcast: str = "psum"):
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def metp_attention(x, seg, pos, w, spec: BlockSpec, ring: Ring, broadcast: str = "psum"):
     """METP attention sub-layer on this device's chunk, with a hand-written backward."""
-    return attention_forward(x, seg, pos, wqkv, wo, spec, ring, broadcast)[0]
+    return attention_forward(x, seg, pos, w, spec, ring, broadcast)[0]
 
 
-def _metp_attention_fwd(x, seg, pos, wqkv, wo, spec, ring, broadcast):
-    out, o_all, lse_all = attention_forward(x, seg, pos, wqkv, wo, spec, ring, broadcast)
-    return out, (x, seg, pos, wqkv, wo, o_all, lse_all)
+def _metp_attention_fwd(x, seg, pos, w, spec, ring, broadcast):
+    out, o_all, lse_all = attention_forward(x, seg, pos, w, spec, ring, broadcast)
+    return out, (x, seg, pos, w, o_all, lse_all)
 
 
 def _metp_attention_bwd(spec, ring, broadcast, res, dout):
-    x, seg, pos, wqkv, wo, o_all, lse_all = res
-    bcast = partial(_BROADCAST[broadcast], (wqkv, wo), ring=ring)
+    x, seg, pos, w, o_all, lse_all = res
+    bcast = partial(_BROADCAST[broadcast], w, ring=ring)
     idx = chunk_index(seg.shape, ring)
     home = lax.axis_index(ring.axis)
 
-    def group(j, w, state):
-        dx, dwqkv, dwo = state
-        wq, wo_j = _varying(w, x)  # local partial weight gradients; reduced explicitly below
-        (q, k, v), proj_vjp = jax.vjp(partial(_qkv, spec, pos), x, wq)  # recompute q, k, v
+    def group(j, wj, state):
+        dx, dw = state
+        wj = _varying(wj, x)  # local partial weight gradients; reduced explicitly below
+        (q, k, v), proj_vjp = jax.vjp(partial(_qkv, spec, pos), x, _projections(wj))  # recompute q, k, v
         o, lse = o_all[j], lse_all[j]
-        do = jnp.einsum("bsd,hkd->bshk", dout, wo_j.astype(dout.dtype))
+        do = jnp.einsum("bsd,hkd->bshk", dout, wj["wo"].astype(dout.dtype))
         dwo_part = jnp.einsum("bshk,bsd->hkd", o, dout, preferred_element_type=_F32)
         dq, dk, dv = ring_attention_backward(q, k, v, seg, idx, o, lse, do, ring, spec.attention_block)
-        dx_t, dwq_part = proj_vjp((dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)))
-        dwq_j, dwo_j = lax.psum((dwq_part.astype(_F32), dwo_part), ring.all_axes)  # to the owner
+        dx_t, dproj = proj_vjp((dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)))
+        parts = {**jax.tree.map(lambda g: g.astype(_F32), dproj), "wo": dwo_part}
+        dwj = lax.psum(parts, ring.all_axes)  # to the owner
         mine = home == j
-        return dx + dx_t.astype(_F32), jnp.where(mine, dwq_j, dwqkv), jnp.where(mine, dwo_j, dwo)
+        return dx + dx_t.astype(_F32), jax.tree.map(lambda new, old: jnp.where(mine, new, old), dwj, dw)
 
-    state = (_zeros(x), _zeros(wqkv), _zeros(wo))
-    dx, dwqkv, dwo = pipeline(ring.size, bcast(0), lambda j, _: bcast(j + 1), group, state)
-    return dx.astype(x.dtype), None, None, dwqkv.astype(wqkv.dtype), dwo.astype(wo.dtype)
+    state = (_zeros(x), jax.tree.map(lambda t: _zeros(t), w))
+    dx, dw = pipeline(ring.size, bcast(0), lambda j, _: bcast(j + 1), group, state)
+    return dx.astype(x.dtype), None, None, jax.tree.map(lambda g, t: g.astype(t.dtype), dw, w)
 
 
 metp_attention.defvjp(_metp_attention_fwd, _metp_attention_bwd)
 
 
-def metp_attention_autodiff(x, seg, pos, wqkv, wo, spec: BlockSpec, ring: Ring, broadcast: str = "psum"):
+def metp_attention_autodiff(x, seg, pos, w, spec: BlockSpec, ring: Ring, broadcast: str = "psum"):
     """The same forward differentiated by JAX autodiff (for memory comparisons only)."""
-    return attention_forward(x, seg, pos, wqkv, wo, spec, ring, broadcast)[0]
+    return attention_forward(x, seg, pos, w, spec, ring, broadcast)[0]
 
 
 __all__ = ["BROADCASTS", "Ring", "attention_forward", "broadcast_psum", "broadcast_ring", "chunk_index",

@@ -1,6 +1,7 @@
 """Online-softmax building blocks for attention over K/V blocks (flash / ring attention).
 
-Layout: q [B, Sq, H, D]; a K/V block k, v [B, Skv, H, D]. Scores are kept as [B, Sq, H, Skv]
+Layout: q [B, Sq, H, D]; a K/V block k, v [B, Skv, G, D] with G dividing H (G < H is
+grouped-query attention: query head h reads K/V head h // (H / G)). Scores are kept as [B, Sq, H, Skv]
 and per-row statistics (running max, denominator, logsumexp, delta) as [B, Sq, H], i.e. the
 leading axes of q, so a strategy that shards q over batch/sequence/heads shards them alike.
 
@@ -107,10 +108,54 @@ def make_mask(
 # --------------------------------------------------------------------------------------------
 # Core math on an explicit mask (used by attend_block / block_grads and by the blockwise kernel)
 # --------------------------------------------------------------------------------------------
+# Grouped-query attention: K/V carry G heads, q carries H = G x R; query head h reads K/V head
+# h // R. The three products below view the head axis of q-side arrays as [G, R] (a free
+# reshape) so K/V are never repeated. With G = H they are the plain per-head einsums (the
+# grouped form would make XLA keep another copy of the probabilities for the backward).
+def _grouped(x, groups: int):
+    """[B, S, H, ...] -> [B, S, G, H/G, ...]."""
+    return x.reshape(*x.shape[:2], groups, x.shape[2] // groups, *x.shape[3:])
+
+
+def _ungrouped(x):
+    """[B, S, G, R, ...] -> [B, S, G*R, ...]."""
+    return x.reshape(*x.shape[:2], x.shape[2] * x.shape[3], *x.shape[4:])
+
+
+def head_dot(a, kv):
+    """sum_d a[b,q,h,d] kv[b,k,g(h),d] -> [B, Sq, H, Skv] float32 (q . k, dout . v)."""
+    if a.shape[2] == kv.shape[2]:
+        return jnp.einsum("bqhd,bkhd->bqhk", a, kv, preferred_element_type=_F32)
+    out = jnp.einsum("bqgrd,bkgd->bqgrk", _grouped(a, kv.shape[2]), kv, preferred_element_type=_F32)
+    return _ungrouped(out)
+
+
+def weigh_kv(w, kv):
+    """sum_k w[b,q,h,k] kv[b,k,g(h),d] -> [B, Sq, H, D] float32 (p v, ds k)."""
+    if w.shape[2] == kv.shape[2]:
+        return jnp.einsum("bqhk,bkhd->bqhd", w, kv, preferred_element_type=_F32)
+    out = jnp.einsum("bqgrk,bkgd->bqgrd", _grouped(w, kv.shape[2]), kv, preferred_element_type=_F32)
+    return _ungrouped(out)
+
+
+def to_kv(w, a, groups: int):
+    """sum_{q, h in g} w[b,q,h,k] a[b,q,h,d] -> [B, Skv, G, D] float32 (p^T dout, ds^T q)."""
+    if w.shape[2] == groups:
+        return jnp.einsum("bqhk,bqhd->bkhd", w, a, preferred_element_type=_F32)
+    return jnp.einsum("bqgrk,bqgrd->bkgd", _grouped(w, groups), _grouped(a, groups), preferred_element_type=_F32)
+
+
+def check_heads(q, k, v) -> None:
+    """Raise ValueError unless k and v are [B, Skv, G, D] with G dividing q's H heads."""
+    B, _, H, D = q.shape
+    if k.ndim != 4 or k.shape[0] != B or k.shape[3] != D or H % k.shape[2] or v.shape != k.shape:
+        raise ValueError(f"shape mismatch: q {q.shape}, k {k.shape}, v {v.shape} "
+                         "(k and v [B, Skv, G, D] with G dividing q's heads)")
+
+
 def scores(q: jax.Array, k: jax.Array, scale: float) -> jax.Array:
     """Scaled scores [B, Sq, H, Skv] in float32 (matmul accumulates in f32)."""
-    s = jnp.einsum("bqhd,bkhd->bqhk", q, k, preferred_element_type=_F32)
-    return s * jnp.asarray(scale, _F32)
+    return head_dot(q, k) * jnp.asarray(scale, _F32)
 
 
 def _safe(x):
@@ -129,7 +174,7 @@ def attend_block_masked(carry: Carry, q, k, v, mask: Optional[jax.Array], scale:
     p = jnp.exp(s - m_ref[..., None])  # masked entries: exp(-inf) = 0
     corr = jnp.exp(carry.m - m_ref)  # carry.m = -inf -> 0
     l_new = carry.l * corr + jnp.sum(p, axis=-1)
-    pv = jnp.einsum("bqhk,bkhd->bqhd", p.astype(v.dtype), v, preferred_element_type=_F32)
+    pv = weigh_kv(p.astype(v.dtype), v)
     o_new = carry.o * corr[..., None] + pv
     return Carry(m_new, l_new, o_new)
 
@@ -142,12 +187,12 @@ def block_grads_masked(q, k, v, lse, dout, delta, mask: Optional[jax.Array], sca
     finite = jnp.isfinite(lse)
     p = jnp.exp(s - _safe(lse)[..., None])
     p = jnp.where(finite[..., None], p, 0.0)  # rows that saw nothing anywhere
-    dv = jnp.einsum("bqhk,bqhd->bkhd", p.astype(dout.dtype), dout, preferred_element_type=_F32)
-    dp = jnp.einsum("bqhd,bkhd->bqhk", dout, v, preferred_element_type=_F32)
+    dv = to_kv(p.astype(dout.dtype), dout, v.shape[2])
+    dp = head_dot(dout, v)
     ds = p * (dp - delta[..., None].astype(_F32))
     sc = jnp.asarray(scale, _F32)
-    dq = jnp.einsum("bqhk,bkhd->bqhd", ds.astype(k.dtype), k, preferred_element_type=_F32) * sc
-    dk = jnp.einsum("bqhk,bqhd->bkhd", ds.astype(q.dtype), q, preferred_element_type=_F32) * sc
+    dq = weigh_kv(ds.astype(k.dtype), k) * sc
+    dk = to_kv(ds.astype(q.dtype), q, k.shape[2]) * sc
     return dq, dk, dv
 
 

@@ -1,7 +1,7 @@
 """Ring attention: causal, segment-masked attention over a sequence split along a device ring.
 
 Called inside ``shard_map``. Each device holds one chunk of the sequence: its queries
-q [B, Sq, H, D], keys / values k, v [B, Skv, H, D], their segment ids and absolute token
+q [B, Sq, H, D], keys / values k, v [B, Skv, G, D] (G dividing H), their segment ids and absolute token
 indices (any values: chunks need not be contiguous or balanced). The K/V blocks travel a
 ``ppermute`` ring of ``axis_size`` steps and every device folds each visiting block into an
 online-softmax carry (``sharding.ops.online_softmax``). The schedule, forward::
@@ -41,6 +41,7 @@ from sharding.ops.online_softmax import (
     _pvary,
     _varying_axes,
     attend_tiled,
+    check_heads,
     compute_delta,
     default_scale,
     finish,
@@ -158,8 +159,7 @@ def _prepare(q, k, v, q_segment_ids, kv_segment_ids, q_index, kv_index, axis_nam
              scale, q_block_size, kv_block_size):
     B, Sq, H, D = q.shape
     Skv = k.shape[1]
-    if k.shape != (B, Skv, H, D) or v.shape != k.shape:
-        raise ValueError(f"shape mismatch: q {q.shape}, k {k.shape}, v {v.shape}")
+    check_heads(q, k, v)
     if axis_size is None:
         axis_size = lax.axis_size(_ring_name(axis_name))
     q_index = chunk_index(B, Sq, axis_name) if q_index is None else q_index

@@ -99,6 +99,12 @@ class Strategy(abc.ABC):
             raise StrategyShapeError(
                 f"strategy {self.name!r} needs {what} ({value}) divisible by {by_what} ({by})")
 
+    def _require_kv_split(self, spec: BlockSpec, p: int):
+        """K/V heads split over the model group, or replicated across it (`blocks.kv_heads_for_group`)."""
+        why = blocks.kv_split_error(spec, p)
+        if why:
+            raise StrategyShapeError(f"strategy {self.name!r} needs {why}")
+
     # -- compute -----------------------------------------------------------------------------
     def run_weights(self, weights, mesh: Mesh):
         """Weights of a whole run of layers before its scan (e.g. gathered once for `dp`)."""
@@ -148,8 +154,8 @@ class BatchParallel(Strategy):
         return w
 
     def attention(self, w, x, segment_ids, positions, spec, mesh):
-        w = self.layer_weights({"wqkv": w["wqkv"], "wo": w["wo"]}, mesh)
-        out = blocks.attention_block(w["wqkv"], w["wo"], x, segment_ids, positions, spec)
+        w = self.layer_weights(blocks.attention_weights(w), mesh)
+        out = blocks.attention_block(w, x, segment_ids, positions, spec)
         return constrain(out, mesh, self.boundary_spec(mesh))
 
     def mlp(self, w, x, spec, mesh):

@@ -18,6 +18,7 @@ import jax
 from jax.sharding import Mesh, PartitionSpec as P
 
 from sharding.mesh import mesh_roles
+from sharding.ops import blocks
 from sharding.ops.metp import BROADCASTS, Ring, metp_attention, metp_attention_autodiff, metp_mlp, mlp_ring_forward
 from sharding.strategies.base import Strategy, batch_entry, model_entry, model_size
 
@@ -43,6 +44,7 @@ class MemoryEfficientTensorParallel(Strategy):
         p = model_size(mesh)
         self._require_divisible("sequence length", seq_len, p, "the model-parallel size")
         self._require_divisible("n_heads", spec.n_heads, p, "the model-parallel size")
+        self._require_kv_split(spec, p)
         self._require_divisible("d_ff", spec.d_ff, p, "the model-parallel size")
 
     def ring(self, mesh: Mesh) -> Ring:
@@ -53,10 +55,13 @@ class MemoryEfficientTensorParallel(Strategy):
         self.check(spec, mesh, x.shape[0], x.shape[1])
         kernel = metp_attention if self.hand_backward else metp_attention_autodiff
         m, act, tokens = model_entry(mesh), self.boundary_spec(mesh), self.token_spec(mesh)
+        specs = {"wq": P(None, m, None), "wkv": P(None, None, m, None), "wo": P(m, None, None)}
         fn = jax.shard_map(partial(kernel, spec=spec, ring=self.ring(mesh), broadcast=self.broadcast),
-                           mesh=mesh, in_specs=(act, tokens, tokens, P(None, None, m, None), P(m, None, None)),
-                           out_specs=act)
-        return fn(x, segment_ids, positions, w["wqkv"].astype(spec.dtype), w["wo"].astype(spec.dtype))
+                           mesh=mesh, in_specs=(act, tokens, tokens, specs), out_specs=act)
+        w = blocks.attention_weights(w)
+        w["wkv"] = blocks.kv_heads_for_group(w["wkv"], model_size(mesh))  # whole K/V heads per group
+        w = jax.tree.map(lambda t: t.astype(spec.dtype), w)
+        return fn(x, segment_ids, positions, w)
 
     def mlp(self, w, x, spec, mesh):
         self.check(spec, mesh, x.shape[0], x.shape[1])

@@ -39,11 +39,11 @@ class SequenceSharded(Strategy):
 
     @abc.abstractmethod
     def attend(self, q, k, v, segment_ids, spec, mesh):
-        """Attention outputs [B, S, H, K] in the boundary layout."""
+        """Attention outputs [B, S, H, K] in the boundary layout (k, v: [B, S, G, K])."""
 
     def attention(self, w, x, segment_ids, positions, spec, mesh):
-        w = replicate({"wqkv": w["wqkv"], "wo": w["wo"]}, mesh)
-        q, k, v = blocks.qkv_projection(w["wqkv"], x, positions, spec)
+        w = replicate(blocks.attention_weights(w), mesh)
+        q, k, v = blocks.qkv_projection(w, x, positions, spec)
         o = self.attend(q, k, v, segment_ids, spec, mesh)
         return constrain(blocks.output_projection(o, w["wo"]), mesh, self.boundary_spec(mesh))
 

@@ -1,8 +1,10 @@
 """`tp`: Megatron tensor parallelism over the model-parallel axes.
 
 Attention heads and MLP columns are split over the p devices of the model group (column-split
-W_qkv / W_in, row-split W_o / W_out — exactly the storage layout, so on a one-axis mesh no
-weight moves; with batch axes too, each layer's weights are gathered over those only).
+W_q, W_kv / W_in, row-split W_o / W_out — exactly the storage layout, so on a one-axis mesh no
+weight moves; with batch axes too, each layer's weights are gathered over those only). With
+fewer K/V heads than p, each K/V head is replicated over the devices whose query heads read it
+(as in Megatron).
 Activations between sub-layers are replicated over the group; each sub-layer ends in one
 all-reduce. Embedding and loss are vocabulary-parallel. With `sequence_parallel` (the `tp_sp`
 subclass) activations between sub-layers are split along the sequence instead: an all-gather
@@ -35,6 +37,7 @@ class TensorParallel(Strategy):
         super().check(spec, mesh, batch, seq_len)
         p = model_size(mesh)
         self._require_divisible("n_heads", spec.n_heads, p, "the model-parallel size")
+        self._require_kv_split(spec, p)
         self._require_divisible("d_ff", spec.d_ff, p, "the model-parallel size")
         if self.sequence_parallel:
             self._require_divisible("sequence length", seq_len, p, "the model-parallel size")
@@ -69,13 +72,14 @@ class TensorParallel(Strategy):
         m = model_entry(mesh)
 
         def body(w, x, segment_ids, positions):
-            q, k, v = blocks.qkv_projection(w["wqkv"], x, positions, spec)
+            q, k, v = blocks.qkv_projection(w, x, positions, spec)
             o = blocks.local_attention(q, k, v, spec, q_segment_ids=segment_ids, kv_segment_ids=segment_ids)
             return blocks.output_projection(o, w["wo"])
 
-        specs = {"wqkv": P(None, None, m, None), "wo": P(m, None, None)}
-        fn = self._sublayer(body, mesh, specs, x, segment_ids, positions)
-        return fn({"wqkv": w["wqkv"], "wo": w["wo"]}, x, segment_ids, positions)
+        specs = {"wq": P(None, m, None), "wkv": P(None, None, m, None), "wo": P(m, None, None)}
+        w = blocks.attention_weights(w)
+        w["wkv"] = blocks.kv_heads_for_group(w["wkv"], model_size(mesh))
+        return self._sublayer(body, mesh, specs, x, segment_ids, positions)(w, x, segment_ids, positions)
 
     def mlp(self, w, x, spec, mesh):
         m = model_entry(mesh)

@@ -4,7 +4,8 @@ Boundary layout `[b, s/p, d]` as in `ring`. Around attention an all-to-all trade
 split for a head split, so each device attends over the full sequence for h/p heads (local,
 blockwise for long sequences), and a second all-to-all trades back. Segment ids and token
 indices (small) are all-gathered over the sequence. Autodiff transposes each all-to-all into
-the reverse one.
+the reverse one. With fewer K/V heads than devices, K/V heads are repeated before the
+all-to-all so that every device receives the one its query heads read.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class Ulysses(SequenceSharded):
     def check(self, spec, mesh, batch, seq_len):
         super().check(spec, mesh, batch, seq_len)
         self._require_divisible("n_heads", spec.n_heads, model_size(mesh), "the model-parallel size")
+        self._require_kv_split(spec, model_size(mesh))
 
     def attend(self, q, k, v, segment_ids, spec, mesh):
         axis = model_entry(mesh)
@@ -42,5 +44,6 @@ class Ulysses(SequenceSharded):
             return heads_to_seq(o)
 
         qkv = self.local_spec(mesh, 4)
+        k, v = (blocks.kv_heads_for_group(t, model_size(mesh)) for t in (k, v))  # whole K/V heads per device
         return jax.shard_map(local, mesh=mesh, in_specs=(qkv, qkv, qkv, self.local_spec(mesh, 2)),
                              out_specs=qkv, check_vma=True)(q, k, v, segment_ids)
