@@ -34,17 +34,15 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from sharding.layout import STORAGE_PRIORITY
+from sharding.layout import SEQ, STORAGE_PRIORITY, VOCAB
 from sharding.mesh import BATCH_AXES
 from sharding.ops.blocks import BlockSpec
 from sharding.stack import layer_weight_shapes
+from sharding.strategies import STRATEGIES, StrategyShapeError, get_strategy
+from sharding.strategies.description import F32, Description, Extents, LayerShape, Saved
 
-STRATEGY_NAMES = ("dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp")
-SEQ_SHARDED = ("tp_sp", "ring", "ulysses", "metp")  # boundary [b, s/p, h]
-BATCH_PARALLEL = ("dp", "fsdp")  # boundary [b/N, s, h]
 STORED_FEATURES = ("act", "saved", "quad", "wsave")
 PEAK_FEATURES = ("wpeak", "actX", "actF", "recomp", "buf", "tile", "quadp")
-F32 = 4
 
 
 # ------------------------------------------------------------------------------------------------
@@ -109,32 +107,33 @@ class Shape:
     def g(self) -> int:
         return 2 if self.spec.gated else 1
 
+    @property
+    def layer(self) -> LayerShape:
+        """The shape as strategy descriptions take it."""
+        return LayerShape(self.spec, self.p, self.d, self.batch, self.seq_len, self.e, self.e_mem,
+                          self.param_bytes, self.backend)
+
     def local_batch(self, strategy: str) -> float:
-        return self.batch / (self.n_devices if strategy in BATCH_PARALLEL else self.d)
+        return get_strategy(strategy).rows(self.layer)
 
     def with_seq(self, seq_len: int) -> "Shape":
         return Shape(self.spec, self.mesh_shape, self.batch, seq_len, self.param_bytes, self.optimizer_slots,
                      self.backend)
 
 
-class _FakeMesh:
-    """Just enough of a jax Mesh for `Strategy.check` and `StorageLayout.spec` (names and sizes)."""
-
-    def __init__(self, mesh_shape: Mapping[str, int]):
-        self.shape = dict(mesh_shape)
-        self.axis_names = tuple(mesh_shape)
-        self.devices = np.empty(tuple(mesh_shape.values()), dtype=object)
+def strategy_names() -> tuple[str, ...]:
+    """The registered strategies, now (one registered after this module's import included)."""
+    return tuple(STRATEGIES)
 
 
 def feasible_strategies(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, seq_len: int,
                         names: Optional[Iterable[str]] = None) -> list[str]:
-    """Registered strategies whose `check` accepts this shape on this mesh (no devices needed)."""
-    from sharding.strategies import STRATEGIES, StrategyShapeError
-    mesh = _FakeMesh(mesh_shape)
+    """Registered strategies whose checks accept this shape on this mesh (no devices needed)."""
+    shape = Shape(spec, mesh_shape, batch, seq_len).layer
     out = []
     for name in (names or STRATEGIES):
         try:
-            STRATEGIES[name].check(spec, mesh, batch, seq_len)
+            STRATEGIES[name].check_shape(shape)
         except StrategyShapeError:
             continue
         out.append(name)
@@ -186,182 +185,74 @@ class LayerMemory:
         return self.activations + self.states
 
 
-def _uses_blockwise(spec: BlockSpec, s: int) -> bool:
-    return spec.use_blockwise(s)
+def describe(shape: Shape, strategy: str, remat: str = "none") -> Description:
+    """What one layer of `strategy` keeps and moves on one device (the strategy's own description)."""
+    return get_strategy(strategy).describe(shape.layer, remat)
 
 
-@dataclass(frozen=True)
-class Geometry:
-    """What one device holds for one layer of a strategy (elements, not bytes)."""
-
-    bl: float  # batch rows
-    sb: float  # sequence positions of the boundary activation
-    s_in: float  # sequence positions of a sub-layer's input as the sub-layer sees it
-    att_tokens: float  # rows x positions of the attention-width activations (q, k, v, o)
-    heads: float  # heads those activations carry
-    kv_heads: float  # K/V heads of the k and v activations (grouped-query attention)
-    mlp_elems: float  # elements of one MLP hidden activation [tokens, d_ff share]
-    dense: bool  # attention materialises the score matrix
-    score_rows: float  # batch x heads x queries x keys of the dense scores (0 if blockwise)
-    tiles: float  # elements of one (bq x bk) score tile x heads x rows (blockwise kernels)
-
-
-def geometry(shape: Shape, strategy: str) -> Geometry:
+def geometry(shape: Shape, strategy: str) -> Extents:
     """Local extents of one layer of `strategy` on one device."""
-    spec, s, p = shape.spec, shape.seq_len, shape.p
-    n, f, blk = spec.n_heads, spec.d_ff, spec.attention_block
-    kv = {"tp": max(spec.kv_heads, p) / p, "tp_sp": max(spec.kv_heads, p) / p, "ulysses": max(spec.kv_heads, p),
-          "metp": max(spec.kv_heads, p) / p}.get(strategy, spec.kv_heads)  # replicated up to whole heads per device
-    bl = shape.local_batch(strategy)
-    blockwise = _uses_blockwise(spec, s)
-    if strategy in BATCH_PARALLEL:
-        sb = s_in = s
-        tok, heads, mlp = bl * s, n, bl * s * f
-        dense = not blockwise
-        score = bl * n * s * s if dense else 0.0
-        tiles = bl * n * min(blk, s) ** 2 if blockwise else 0.0
-    elif strategy in ("tp", "tp_sp"):
-        sb, s_in = (s / p if strategy == "tp_sp" else s), s
-        tok, heads, mlp = bl * s, n / p, bl * s * f / p
-        dense = not blockwise
-        score = bl * n / p * s * s if dense else 0.0
-        tiles = bl * n / p * min(blk, s) ** 2 if blockwise else 0.0
-    elif strategy == "ring":
-        c = s / p
-        sb = s_in = c
-        tok, heads, mlp = bl * c, n, bl * c * f
-        dense, score = False, 0.0
-        tile = min(blk, c) if blockwise else c  # untiled ring steps score whole chunk pairs
-        tiles = bl * n * tile * tile
-    elif strategy == "ulysses":
-        c = s / p
-        sb = s_in = c
-        tok, heads, mlp = bl * c, n, bl * c * f
-        dense = not blockwise
-        score = bl * n / p * s * s if dense else 0.0
-        tiles = bl * n / p * min(blk, s) ** 2 if blockwise else 0.0
-    elif strategy == "metp":
-        c = s / p
-        sb = s_in = c
-        tok, heads, mlp = bl * c, n, 0.0
-        dense, score = False, 0.0
-        tiles = bl * n / p * min(blk, c) ** 2
-    else:
-        raise KeyError(f"no memory model for strategy {strategy!r} (known: {', '.join(STRATEGY_NAMES)})")
-    return Geometry(bl, sb, s_in, tok, heads, kv, mlp, dense, score, tiles)
+    return describe(shape, strategy).extents
+
+
+def _saved_bytes(saved: Saved, geo: Extents, shape: Shape) -> float:
+    """Bytes of the arrays a description says the backward keeps."""
+    h, k, e = shape.spec.d_model, shape.spec.head_dim, shape.e_mem
+    return (saved.boundary_f32 * geo.rows * geo.seq * h * F32
+            + saved.boundary * geo.rows * geo.seq * h * e
+            + saved.inputs * geo.rows * geo.seq_in * h * e
+            + saved.att * geo.att_tokens * geo.heads * k * e
+            + saved.kv * geo.att_tokens * geo.kv_heads * k * e
+            + saved.mlp * geo.mlp_elems * e
+            + saved.lse * geo.att_tokens * geo.heads * F32)
 
 
 def analytical_features(shape: Shape, strategy: str, remat: str = "none") -> tuple[dict, dict]:
     """(stored features, peak features), bytes per device, of one layer of `strategy` under `remat`.
 
-    Stored activations are what JAX saves for the backward of the scanned layer
-    (`jax._src.ad_checkpoint.saved_residuals` on the layer stack; checked per strategy):
-      * norms: 4 boundary-sized f32 arrays (x and the residual sum, upcast, with their norm
-        statistics) + 2 sub-layer inputs in the compute dtype as the sub-layer sees them (the
-        full sequence for tp / tp_sp: tp_sp's gathered inputs are kept, not re-gathered);
-      * attention: q, k, v and o in the compute dtype (4; ulysses keeps o in both layouts: 5;
-        metp only o per head group: 1) + the f32 log-sum-exp; dense attention (s <= block)
-        keeps the f32 probabilities [b, heads, s, s] and one more o-sized array;
-      * MLP: 6 hidden-sized arrays [tokens, d_ff share] (pre-activations, activation
-        intermediates and output; metp recomputes them: 0);
-      * weights: fsdp / ring / ulysses keep the gathered (compute-dtype) weights of each layer,
-        dp the run's gathered copy (+ a compute-dtype cast), tp / metp a cast of their block
-        when the compute dtype differs from the stored one (or the block gathered over batch axes).
-    Under remat "full" only the layer input (and dp's run-level copy) stays; under "dots" the
-    matmul outputs without batch dimensions stay (q/k/v, MLP pre-activations, projection outputs).
+    Every feature is priced from the strategy's description (`Strategy.describe`):
+      * act (remat none) / saved (remat full or dots): the arrays the backward keeps
+        (`Description.saved`: boundary-sized f32 and compute-dtype arrays, sub-layer inputs,
+        attention-width q/o and k/v arrays, the f32 log-sum-exp, MLP hidden arrays), as JAX
+        saves them for the scanned layer (`jax._src.ad_checkpoint.saved_residuals`);
+      * quad: the dense attention probabilities [rows, heads, s, s] in f32 (remat none);
+      * wsave: weight bytes kept per layer (`weights_kept`).
     Peak features: the layer's residual-sized working set in its backward, by kind ("actX"
     hidden- and attention-width-sized, "actF" MLP-hidden-sized x g: gradients of its
     residuals), under remat the rebuilt residuals ("recomp", of which XLA keeps only part live at
-    once), gathered weights and
-    their full-size gradients or METP's travelling weight blocks ("wpeak"), ring / METP blocks
-    in flight ("buf"), blockwise score tiles ("tile"), dense score
-    transients and hoisted masks ("quadp").
+    once), gathered weights and their full-size gradients or travelling weight blocks ("wpeak":
+    `weights_transient`), blocks in flight ("buf": `buffers`), blockwise score tiles ("tile"),
+    dense score transients and hoisted masks ("quadp").
     """
-    spec, p, g = shape.spec, shape.p, shape.g
-    e = shape.e_mem  # bytes of a compute-dtype element as XLA keeps it
-    h, k = spec.d_model, spec.head_dim
-    N, pb, d = shape.n_devices, shape.param_bytes, shape.d
-    geo = geometry(shape, strategy)
-    _, w_full = layer_param_elems(spec, N)
-    big = w_full - 2 * h  # the four matrices, without the norm scales
-    converted = shape.e != pb  # weights are cast to the compute dtype: a separate buffer
-    cast = e if converted else 0  # bytes of that copy
+    desc = describe(shape, strategy, remat)
+    geo = desc.extents
+    e, h, k = shape.e_mem, shape.spec.d_model, shape.spec.head_dim
     st = dict.fromkeys(STORED_FEATURES, 0.0)
     pk = dict.fromkeys(PEAK_FEATURES, 0.0)
-    Xb32 = geo.bl * geo.sb * h * F32  # boundary-sized f32 array
-    Xb = geo.bl * geo.sb * h * e
-    Xin = geo.bl * geo.s_in * h * e
+    Xin = geo.rows * geo.seq_in * h * e
     A = geo.att_tokens * geo.heads * k * e
-    Akv = geo.att_tokens * geo.kv_heads * k * e  # one of k, v
     F = geo.mlp_elems * e
-    lse = geo.att_tokens * geo.heads * F32
-    n_att = {"ulysses": 5, "metp": 1}.get(strategy, 4) + (1 if geo.dense else 0)
-    kv_saved = 0.0 if strategy == "metp" else 2 * (Akv - A)  # k and v are narrower than q and o
-    act_none = 4 * Xb32 + 2 * Xin + n_att * A + kv_saved + 6 * F + (0.0 if geo.dense else lse)
     quad = geo.score_rows * F32
-
-    # weights kept per layer (remat none) and transient weight bytes
-    if strategy == "dp":  # the run's gathered copy and the stacked full-size f32 gradients
-        # (+ a compute-dtype cast; XLA:CPU computes bf16 in f32 and keeps no separate cast)
-        wsave_none = big * (pb + F32 + (cast if shape.backend != "cpu" else 0))
-        wsave_remat = big * (pb + F32)
-        wpeak = big * F32
-    elif strategy in ("fsdp", "ring", "ulysses"):
-        wsave_none, wsave_remat = big * (e if converted else pb), 0.0
-        wpeak = big * (pb + cast) + big * F32
-    elif strategy in ("tp", "tp_sp"):
-        blk = big / p
-        wsave_none = blk * e if (converted or d > 1) else 0.0
-        wsave_remat = 0.0
-        wpeak = blk * (pb + F32) if d > 1 else blk * cast
-    else:  # metp: travelling MLP blocks + grads (double buffered), head-group broadcasts
-        blk = big / p
-        wsave_none = blk * e if (converted or d > 1) else 0.0
-        wsave_remat = 0.0
-        w_mlp = (g * h * spec.d_ff + spec.d_ff * h) / p
-        w_att = ((2 * spec.n_heads + 2 * max(spec.kv_heads, p)) * h * k) / p
-        wpeak = 2 * w_mlp * e + 2 * w_mlp * F32 + 2 * w_att * e + w_att * F32
-        if d > 1:
-            wpeak += blk * (pb + F32)
-
-    # buffers in flight
-    if strategy == "ring":
-        buf = 2 * 2 * Akv + 2 * geo.att_tokens * geo.kv_heads * k * F32  # K/V double buffer + dK/dV f32
-    elif strategy == "metp":
-        kv = 2 * geo.att_tokens * geo.kv_heads * k
-        buf = 2 * kv * e + kv * F32 + 3 * A / p + 2 * geo.att_tokens * h * F32 + (g + 1) * geo.att_tokens * spec.d_ff / p * e
-    else:  # tp / tp_sp gathered inputs and partial sums are sub-layer-input-sized: in "actX"
-        buf = 0.0
-
-    pk["wpeak"] = wpeak
     # gradients of the sub-layer inputs / outputs and attention-width arrays, as the sub-layer
-    # sees them (full sequence for tp / tp_sp), and of the MLP hidden (g of them for gated MLPs)
-    # (in the compute dtype even on XLA:CPU, whose bf16 residuals are f32: fits the measured peaks)
+    # sees them, and of the MLP hidden (g of them for gated MLPs) (in the compute dtype even on
+    # XLA:CPU, whose bf16 residuals are f32: fits the measured peaks)
     r = shape.e / e
+    pk["wpeak"] = desc.weights_transient
     pk["actX"] = 3 * (Xin + A) * r
-    pk["actF"] = 3 * g * F * r
-    pk["buf"] = buf
+    pk["actF"] = 3 * shape.g * F * r
+    pk["buf"] = desc.buffers
     pk["tile"] = geo.tiles * F32
     pk["quadp"] = quad
     pk["recomp"] = 0.0
+    saved = _saved_bytes(desc.saved, geo, shape)
     if remat == "none":
-        st["act"] = act_none
+        st["act"] = saved
         st["quad"] = quad
-        st["wsave"] = wsave_none
+        st["wsave"] = desc.weights_kept
         return st, pk
-    if remat == "full":
-        saved = Xb
-    elif remat == "dots":
-        if strategy == "metp":  # the ring steps' projection outputs are matmuls without batch dims
-            saved = Xb + p * geo.bl * geo.sb * h * e + 3 * A
-        elif strategy in ("tp", "tp_sp"):
-            saved = Xb + Xin + 3 * A + g * F
-        else:
-            saved = 2 * Xb + 3 * A + g * F
-    else:
-        raise ValueError(f"remat must be none, full or dots, got {remat!r}")
+    act_none = _saved_bytes(describe(shape, strategy, "none").saved, geo, shape)
     st["saved"] = saved
-    st["wsave"] = wsave_remat
+    st["wsave"] = desc.weights_kept
     pk["recomp"] = max(act_none - saved, 0.0)  # residuals the recompute rebuilds (partly live at once)
     pk["quadp"] = 2 * quad  # the probabilities are rebuilt in the backward
     return st, pk
@@ -421,24 +312,19 @@ def layer_memory(shape: Shape, strategy: str, remat: str = "none",
 
 def boundary_bytes(shape: Shape, strategy: str) -> float:
     """Bytes per device of one [b, s, h] activation in the strategy's boundary layout."""
-    bl = shape.local_batch(strategy)
-    s = shape.seq_len / (shape.p if strategy in SEQ_SHARDED else 1)
-    return bl * s * shape.spec.d_model * shape.e
+    strat = get_strategy(strategy)
+    return strat.rows(shape.layer) * strat.boundary_seq(shape.layer) * shape.spec.d_model * shape.e
 
 
-def boundary_kind(strategy: str) -> str:
-    """Which boundary layout a strategy uses: 'batch' [b/N, s, h], 'replicated' [b/d, s, h] or 'seq'."""
-    if strategy in BATCH_PARALLEL:
-        return "batch"
-    if strategy == "tp":
-        return "replicated"
-    return "seq"
+def same_boundary(a: str, b: str) -> bool:
+    """Whether two strategies lay out activations between layers alike (switching is free)."""
+    return get_strategy(a).boundary == get_strategy(b).boundary
 
 
 def switch_bytes(shape: Shape, a: str, b: str) -> float:
     """Transient bytes of moving activations (and their gradient in the backward) from a's boundary
     layout to b's: the destination buffer plus, for an all-to-all, the source copy."""
-    if boundary_kind(a) == boundary_kind(b):
+    if same_boundary(a, b):
         return 0.0
     return boundary_bytes(shape, a) + boundary_bytes(shape, b)
 
@@ -461,19 +347,20 @@ def base_memory(shape: Shape, vocab: int, n_layers: int) -> float:
 def loss_memory(shape: Shape, strategy: str, vocab: int) -> float:
     """Transient bytes per device of the embedding lookup and the loss when `strategy` computes
     them (while every layer's stored activations are alive): float32 logits and their gradient
-    for the tokens a device holds (vocabulary-parallel for tp / tp_sp when the vocabulary
-    divides, the sequence then gathered for tp_sp), the gathered head table and its full-size
-    gradient otherwise, and the final norm's input / output / gradient."""
+    for the tokens a device holds (vocabulary-parallel when the strategy's weight rules split the
+    vocabulary and it divides, over the sequence as the strategy computes), the gathered head
+    table and its full-size gradient otherwise, and the final norm's input / output / gradient."""
     h, e, pb = shape.spec.d_model, shape.e_mem, shape.param_bytes
-    bl = shape.local_batch(strategy)
-    if strategy in ("tp", "tp_sp") and vocab % shape.p == 0:
-        logits = bl * shape.seq_len * vocab / shape.p * F32 * 2
+    strat, layer = get_strategy(strategy), shape.layer
+    bl, s_loc = strat.rows(layer), strat.boundary_seq(layer)
+    split = strat.weights.split(VOCAB, layer)
+    if strat.weights.role(VOCAB) and vocab % split == 0:
+        logits = bl * (shape.seq_len / strat.compute.split(SEQ, layer)) * vocab / split * F32 * 2
         head = 0.0
     else:
-        s_loc = shape.seq_len / (shape.p if strategy in SEQ_SHARDED else 1)
         logits = bl * s_loc * vocab * F32 * 2
         head = vocab * h * (pb + (e if e != pb else 0) + F32)
-    acts = 3 * bl * (shape.seq_len / (shape.p if strategy in SEQ_SHARDED else 1)) * h * e
+    acts = 3 * bl * s_loc * h * e
     return logits + head + acts
 
 

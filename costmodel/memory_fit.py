@@ -12,9 +12,9 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-from costmodel.memory import (ANALYTICAL, PEAK_FEATURES, STORED_FEATURES, STRATEGY_NAMES, MemoryCoefficients, Shape,
+from costmodel.memory import (ANALYTICAL, PEAK_FEATURES, STORED_FEATURES, MemoryCoefficients, Shape,
                               analytical_features, default_coefficients, feasible_strategies, layer_memory,
-                              plan_layer_bytes)
+                              plan_layer_bytes, strategy_names)
 from sharding.ops.blocks import BlockSpec
 
 def measure_layer(strategy: str, spec: BlockSpec, mesh, batch: int, seq_len: int, remat: str = "none",
@@ -139,7 +139,7 @@ def calibrate(mesh, spec: BlockSpec, batch: int, lengths: Sequence[int], strateg
     starting from (and regularised toward) `start` (default: the shipped coefficients).
 
     Returns (MemoryCoefficients, samples). Re-run it whenever the kernels change (delete the cache)."""
-    strategies = list(strategies or STRATEGY_NAMES)
+    strategies = list(strategies or strategy_names())
     samples = None
     if cache and os.path.exists(cache):
         with open(cache) as fh:

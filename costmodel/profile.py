@@ -27,7 +27,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from costmodel.calibration import Calibration, cache_path, device_kind_of, load_calibration
-from costmodel.memory import STRATEGY_NAMES, MemoryCoefficients, Shape, feasible_strategies
+from costmodel.memory import MemoryCoefficients, Shape, feasible_strategies, strategy_names
 from costmodel.time import KINDS, TimeCoefficients, layer_time, layer_work
 from costmodel.time_correction import OptionTimes, label_of
 from sharding.ops.blocks import BlockSpec
@@ -114,7 +114,7 @@ def measure_times(mesh, spec: BlockSpec, batch: int, lengths: Sequence[int], str
     from costmodel.probe import layer_step
     mesh_shape = dict(mesh.shape)
     if options is None:
-        options = [(strat, r) for strat in (strategies or STRATEGY_NAMES) for r in remats]
+        options = [(strat, r) for strat in (strategies or strategy_names()) for r in remats]
     programs = []
     for s in lengths:
         ok = set(feasible_strategies(spec, mesh_shape, batch, s, list(dict.fromkeys(o[0] for o in options))))
@@ -310,7 +310,7 @@ def profile(mesh, spec: BlockSpec, lengths: Sequence[int], batch: Optional[int] 
         from costmodel.memory_fit import calibrate
         mem, _ = calibrate(mesh, spec, batch, memory_lengths or lengths, strategies, remats)
     cal = Calibration(device_kind=kind, mesh_shape=mesh_shape, time=coeffs, memory=mem, step_overhead_s=step,
-                      meta={"lengths": list(lengths), "batch": batch, "strategies": list(strategies or STRATEGY_NAMES),
+                      meta={"lengths": list(lengths), "batch": batch, "strategies": list(strategies or strategy_names()),
                             "remats": list(remats), "n_layers": n_layers, "fit": report,
                             "samples": [s.to_json() for s in samples], "created": _time.time()})
     if directory:
@@ -319,13 +319,13 @@ def profile(mesh, spec: BlockSpec, lengths: Sequence[int], batch: Optional[int] 
 
 
 def calibration_jobs(spec: BlockSpec, mesh_shape: Mapping[str, int], shapes: Sequence[tuple[int, int]],
-                     names: Sequence[str] = STRATEGY_NAMES) -> dict[tuple[int, int], list[str]]:
+                     names: Optional[Sequence[str]] = None) -> dict[tuple[int, int], list[str]]:
     """Where to measure each strategy: at the shortest and the longest of these (batch, seq_len)
     shapes that it can serve (e.g. batch-parallel strategies stop where a batch has fewer rows
     than devices), so every strategy is fitted at two lengths where it can run."""
     jobs: dict[tuple[int, int], list[str]] = {}
     ordered = sorted(set(shapes), key=lambda bs: (bs[1], bs[0]))
-    for name in names:
+    for name in (names or strategy_names()):
         can = [bs for bs in ordered if feasible_strategies(spec, mesh_shape, bs[0], bs[1], [name])]
         for bs in dict.fromkeys(can[:1] + can[-1:]):
             jobs.setdefault(bs, []).append(name)

@@ -29,8 +29,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Mapping, Optional
 
 from costmodel.hardware import DeviceProfile
-from costmodel.memory import (BATCH_PARALLEL, F32, Shape, analytical_features, boundary_bytes,
-                              boundary_kind, embedding_elems, layer_param_elems)
+from costmodel.memory import (Shape, analytical_features, boundary_bytes, describe, embedding_elems,
+                              layer_param_elems, same_boundary)
+from sharding.strategies import get_strategy
+from sharding.strategies.description import recomputes, recomputes_attention
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
@@ -169,134 +171,40 @@ def shape_shared(shape: Shape) -> bool:
 
 
 def layer_work(shape: Shape, strategy: str, remat: str = "none", skip_masked: bool = True) -> LayerWork:
-    """FLOPs, elementwise work and communication of one layer of `strategy`, per device.
+    """FLOPs, elementwise work and communication of one layer of `strategy`, per device, from
+    the strategy's description (`Strategy.describe`).
 
     skip_masked=False counts every attention tile / ring block as computed (what compiled HLO
     holds: both branches of the kernels' `lax.cond`), for cross-checks against `hlo_dot_flops`."""
-    spec, s, p, e, g = shape.spec, shape.seq_len, shape.p, shape.e, shape.g
-    h, n, k, f = spec.d_model, spec.n_heads, spec.head_dim, spec.d_ff
-    G, Gp = spec.kv_heads, max(spec.kv_heads, p)  # K/V heads; as the model group holds them (replicated when < p)
-    qkv = (n + 2 * G) * h * k  # q, k, v projection weights
-    N, pb, d = shape.n_devices, shape.param_bytes, shape.d
-    bl = shape.local_batch(strategy)
-    _, w_full = layer_param_elems(spec, N)
-    big = w_full - 2 * h
-    per_token_mm = 2 * (qkv + n * k * h + g * h * f + f * h)  # fwd matmul FLOPs per token
-    blockwise = spec.use_blockwise(s)
-    rec = 1.0 if remat == "full" else 0.0  # extra forward passes of the matmuls
-    rec_attn = 1.0 if remat in ("full", "dots") else 0.0  # attention forward recomputed
+    desc = describe(shape, strategy, remat)
+    spec, layer = shape.spec, shape.layer
+    rec, rec_attn = recomputes(remat), recomputes_attention(remat)
     w = LayerWork()
     st, _ = analytical_features(shape, strategy, "none")
     w.act_bytes = 3 * (st["act"] + st["quad"]) * (1 + (rec_attn + rec) / 2)
-    blk = spec.attention_block
-    tiles = lambda sq, skv: math.ceil(sq / min(blk, sq)) * math.ceil(skv / min(blk, skv))  # noqa: E731
-    passes = 2 + rec_attn  # forward, backward (+ the recomputed forward)
-    if strategy in ("ring", "metp"):
-        c = max(1, s // p)
-        per_block = tiles(c, c) if (blockwise or strategy == "metp") else 1
-        groups = p if strategy == "metp" else 1
-        w.iterations = passes * groups * p * (per_block + 1) + (passes * p if strategy == "metp" else 0)
-    elif blockwise:
-        w.iterations = passes * tiles(s, s)
+    w.iterations = (2 + rec_attn) * desc.iterations  # forward, backward (+ the recomputed forward)
+    w.matmul_flops = desc.matmul_flops
 
-    def attention(bq_rows, heads, s_q, s_kv, frac, mean_frac=None, flash=True):
-        """Score + PV matmul FLOPs and score elements: fwd 2 matmuls, bwd 5 (flash) or 4 (dense)."""
-        base = 4 * bq_rows * heads * k * s_q * s_kv
-        n_mm = (2 + (5 if flash else 4)) / 2 + rec_attn
-        elems = bq_rows * heads * s_q * s_kv * (2 + rec_attn)
-        mf = frac if mean_frac is None else mean_frac
-        return base * frac * n_mm, base * mf * n_mm, elems * frac, elems * mf
+    # attention: score + PV matmuls, forward 2, backward 5 (flash) or 4 (dense); on a causal ring
+    # the slowest device computes blocks - 1 full blocks + the diagonal, the mean one half of them
+    att = desc.attention
+    diag = _causal_fraction(spec, int(att.s_q), int(att.s_kv), att.tiled and (skip_masked or att.blocks > 1))
+    crit, mean = ((att.blocks - 1) + diag, (att.blocks - 1) / 2 + diag) if skip_masked else (att.blocks, att.blocks)
+    base = 4 * att.rows * att.heads * spec.head_dim * att.s_q * att.s_kv
+    n_mm = (2 + (5 if att.flash else 4)) / 2 + rec_attn
+    elems = att.rows * att.heads * att.s_q * att.s_kv * (2 + rec_attn)
+    w.attn_flops, w.attn_flops_mean = base * crit * n_mm, base * mean * n_mm
+    w.score_elems, w.score_elems_mean = elems * crit, elems * mean
 
-    if strategy in BATCH_PARALLEL or strategy in ("tp", "tp_sp"):
-        div = 1 if strategy in BATCH_PARALLEL else p
-        tokens = bl * s
-        w.matmul_flops = per_token_mm * tokens / div * (3 + rec)
-        frac = _causal_fraction(spec, s, s, blockwise and skip_masked)
-        a, am, el, elm = attention(bl, n / div, s, s, frac, flash=blockwise)
-        w.attn_flops, w.attn_flops_mean, w.score_elems, w.score_elems_mean = a, am, el, elm
-        X = tokens * h * e
-        if strategy == "dp":
-            _add(w.comm, "all-gather", big * pb, N)  # the run's one gather, per layer
-            _add(w.comm, "reduce-scatter", big * F32, N)
-        elif strategy == "fsdp":
-            _add(w.comm, "all-gather", big * pb, N, 1 + (1 if remat != "none" else 0))
-            _add(w.comm, "reduce-scatter", big * F32, N)
-        elif strategy == "tp":
-            _add(w.comm, "all-reduce", X, p, 4)
-        else:  # tp_sp: 2 gathers + 2 reduce-scatters forward; re-gathers and transposes backward
-            _add(w.comm, "all-gather", X, p, 6)
-            _add(w.comm, "reduce-scatter", X, p, 4)
-        if strategy in ("tp", "tp_sp") and d > 1:
-            _add(w.comm, "all-gather", big / p * pb, d, 1 + (1 if remat != "none" else 0))
-            _add(w.comm, "reduce-scatter", big / p * F32, d)
-    elif strategy in ("ring", "ulysses"):
-        c = s / p
-        tokens = bl * c
-        w.matmul_flops = per_token_mm * tokens * (3 + rec)
-        _add(w.comm, "all-gather", big * pb, N, 1 + (1 if remat != "none" else 0))
-        _add(w.comm, "reduce-scatter", big * F32, N)
-        A = tokens * n * k * e
-        if strategy == "ulysses":
-            frac = _causal_fraction(spec, s, s, blockwise and skip_masked)
-            a, am, el, elm = attention(bl, n / p, s, s, frac, flash=blockwise)
-            w.attn_flops, w.attn_flops_mean, w.score_elems, w.score_elems_mean = a, am, el, elm
-            _add(w.comm, "all-to-all", A * (2 * n + 2 * Gp) / (4 * n), p, 4 * (2 + rec_attn / 2))  # q, k, v, o
-        else:
-            tiled = blockwise
-            diag = _causal_fraction(spec, int(c), int(c), tiled)
-            # slowest device: p - 1 full blocks + the diagonal; mean device: (p - 1) / 2 full + diagonal
-            crit, mean = ((p - 1) + diag, (p - 1) / 2 + diag) if skip_masked else (p, p)
-            a, am, el, elm = attention(bl, n, c, c, crit, mean, flash=True)
-            w.attn_flops, w.attn_flops_mean, w.score_elems, w.score_elems_mean = a, am, el, elm
-            kv = 2 * A * G / n
-            fwd_passes = 1 + rec_attn
-            # per visiting block: forward 2 score matmuls, backward 5 (flash); each step's block
-            # computes while the next hops. Forward: p - 1 K/V hops; backward: p - 1 K/V hops with
-            # p dK/dV (f32) hops, one K/V + one dK/dV per step.
-            blk_fwd = 4 * bl * n * k * c * c * (mean if shape_shared(shape) else crit) / p
-            el_fwd = bl * n * c * c * (mean if shape_shared(shape) else crit) / p
-            w.ring_steps.append((fwd_passes * (p - 1), kv, (0.0, blk_fwd, el_fwd)))
-            w.ring_steps.append((p - 1, kv + 2 * tokens * G * k * F32, (0.0, 2.5 * blk_fwd, el_fwd)))
-            w.ring_steps.append((1, 2 * tokens * G * k * F32, (0.0, 0.0, 0.0)))
-    elif strategy == "metp":
-        c = s / p
-        tokens = bl * c
-        w.matmul_flops = per_token_mm * tokens * (3 + rec)
-        diag = _causal_fraction(spec, int(c), int(c), True)
-        crit, mean = ((p - 1) + diag, (p - 1) / 2 + diag) if skip_masked else (p, p)
-        a, am, el, elm = attention(bl, n, c, c, crit, mean, flash=True)
-        w.attn_flops, w.attn_flops_mean, w.score_elems, w.score_elems_mean = a, am, el, elm
-        # the hand-written backward recomputes the MLP's input projection and q/k/v (not the output
-        # projections): matches the dot FLOPs of the compiled HLO
-        w.matmul_flops += 2 * tokens * (g * h * f + qkv) * (1 - rec)
-        wblk_mlp = (g * h * f + f * h) / p * e
-        qkv_grp = (n + 2 * Gp) * h * k  # with K/V heads replicated to whole heads per group
-        wblk_att = (qkv_grp + n * k * h) / p * e
-        kv = 2 * tokens * (Gp / p) * k * e
-        passes = 1 + (1 if remat != "none" else 0)
-        mlp_blk = 2 * tokens * (g * h * f + f * h) / p  # forward FLOPs of one weight block on the chunk
-        # MLP: a weight block hops while the previous one computes: p - 1 hops per forward; the
-        # backward (recompute + 2 gradient matmuls per block) moves block and f32 gradient per step
-        w.ring_steps.append((passes * (p - 1), wblk_mlp, (mlp_blk, 0.0, 0.0)))
-        w.ring_steps.append((p - 1, wblk_mlp + wblk_mlp / e * F32, (3 * mlp_blk, 0.0, 0.0)))
-        w.ring_steps.append((1, wblk_mlp / e * F32, (0.0, 0.0, 0.0)))
-        # attention: head group j + 1's weights are broadcast (a masked psum) while group j computes
-        # its projections; its K/V blocks then hop an inner ring while each visiting block computes
-        proj_grp = 2 * tokens * (qkv_grp + n * k * h) / p
-        bw_ar, _ = _wire("all-reduce", wblk_att, p)
-        w.ring_steps.append((passes * (p - 1), bw_ar, (proj_grp, 0.0, 0.0)))
-        w.ring_steps.append((p - 1, bw_ar, (3 * proj_grp, 0.0, 0.0)))
-        _add(w.comm, "all-reduce", wblk_att / e * F32, p * d, p)  # group gradients to their owner
-        share = (mean if shape_shared(shape) else crit) / p  # visiting-block work per step
-        blk_fwd = 4 * bl * (n / p) * k * c * c * share
-        el_fwd = bl * (n / p) * c * c * share
-        w.ring_steps.append((passes * p * (p - 1), kv, (0.0, blk_fwd, el_fwd)))
-        w.ring_steps.append((p * (p - 1), kv + kv / e * F32, (0.0, 2.5 * blk_fwd, el_fwd)))
-        w.ring_steps.append((p, kv / e * F32, (0.0, 0.0, 0.0)))
-        if d > 1:
-            _add(w.comm, "all-gather", big / p * pb, d, passes)
-    else:
-        raise KeyError(f"no time model for strategy {strategy!r}")
+    for c in desc.collectives:
+        _add(w.comm, c.kind, c.size, layer.size(c.role), c.count)
+    # ring steps: the compute that runs while one hop is in flight, on the priced device
+    sel = mean if shape_shared(shape) else crit
+    fwd_flops = 4 * att.rows * att.heads * spec.head_dim * att.s_q * att.s_kv * sel
+    fwd_elems = att.rows * att.heads * att.s_q * att.s_kv * sel
+    for r in desc.ring_steps:
+        size = r.size if r.kind == "collective-permute" else _wire(r.kind, r.size, shape.p)[0]
+        w.ring_steps.append((r.hops, size, (r.matmul_flops, fwd_flops * r.attention, fwd_elems * r.scores)))
     return w
 
 
@@ -324,18 +232,17 @@ def layer_time(shape: Shape, strategy: str, remat: str, coeffs: TimeCoefficients
 
 def switch_time(shape: Shape, a: str, b: str, coeffs: TimeCoefficients) -> float:
     """Seconds to move [b, s, h] activations from a's boundary layout to b's (forward and the
-    gradient back): an all-to-all between batch- and sequence-sharded, a gather/slice otherwise."""
-    ka, kb = boundary_kind(a), boundary_kind(b)
-    if ka == kb:
+    gradient back): a gather over the model group into a layout replicated over it, an
+    all-to-all over all devices otherwise (between batch- and sequence-sharded)."""
+    if same_boundary(a, b):
         return 0.0
-    N = shape.n_devices
     size = max(boundary_bytes(shape, a), boundary_bytes(shape, b))
-    if "replicated" in (ka, kb):
-        kind, size = "all-gather", boundary_bytes(shape, "tp")
+    if not all(get_strategy(x).boundary.uses_model_group() for x in (a, b)):
+        kind = "all-gather"
         bwire, hops = _wire(kind, size, shape.p)
     else:
         kind = "all-to-all"
-        bwire, hops = _wire(kind, size, N)
+        bwire, hops = _wire(kind, size, shape.n_devices)
     return 2 * (bwire / coeffs.bw(kind) + hops * coeffs.lat(kind))
 
 

@@ -24,6 +24,23 @@ LAYERS, VOCAB, EMBED, QKV, HEADS, KV_HEADS, HEAD_DIM, GATE, MLP = (
     "layers", "vocab", "embed", "qkv", "heads", "kv_heads", "head_dim", "gate", "mlp")
 BATCH, SEQ = "batch", "seq"
 
+# Logical axes of activations, token-level arrays, one layer's weights (without the stacked
+# layers axis), the embedding table and the output head.
+ACTIVATION_AXES = (BATCH, SEQ, EMBED)
+TOKEN_AXES = (BATCH, SEQ)
+ATTENTION_AXES = (BATCH, SEQ, HEADS, HEAD_DIM)
+LAYER_WEIGHT_AXES = {
+    "attn_norm": (EMBED,),
+    "wq": (EMBED, HEADS, HEAD_DIM),
+    "wkv": (EMBED, QKV, KV_HEADS, HEAD_DIM),
+    "wo": (HEADS, HEAD_DIM, EMBED),
+    "mlp_norm": (EMBED,),
+    "w_in": (EMBED, GATE, MLP),
+    "w_out": (MLP, EMBED),
+}
+EMBEDDING_AXES = (VOCAB, EMBED)
+HEAD_AXES = (EMBED, VOCAB)
+
 # Storage rules, in priority order: the first logical axis a parameter has whose size the
 # device count divides is split over all mesh axes; parameters with one non-layer axis (norm
 # scales) and those no rule fits are replicated.

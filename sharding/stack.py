@@ -26,16 +26,9 @@ REMAT_POLICIES = {
 def layer_weight_shapes(spec: BlockSpec) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
     """Per-layer weight shapes and logical axes (without the leading layers axis)."""
     d, h, k, f = spec.d_model, spec.n_heads, spec.head_dim, spec.d_ff
-    g = 2 if spec.gated else 1
-    return {
-        "attn_norm": ((d,), (L.EMBED,)),
-        "wq": ((d, h, k), (L.EMBED, L.HEADS, L.HEAD_DIM)),
-        "wkv": ((d, 2, spec.kv_heads, k), (L.EMBED, L.QKV, L.KV_HEADS, L.HEAD_DIM)),
-        "wo": ((h, k, d), (L.HEADS, L.HEAD_DIM, L.EMBED)),
-        "mlp_norm": ((d,), (L.EMBED,)),
-        "w_in": ((d, g, f), (L.EMBED, L.GATE, L.MLP)),
-        "w_out": ((f, d), (L.MLP, L.EMBED)),
-    }
+    shapes = {"attn_norm": (d,), "wq": (d, h, k), "wkv": (d, 2, spec.kv_heads, k), "wo": (h, k, d),
+              "mlp_norm": (d,), "w_in": (d, 2 if spec.gated else 1, f), "w_out": (f, d)}
+    return {name: (shape, L.LAYER_WEIGHT_AXES[name]) for name, shape in shapes.items()}
 
 
 ATTENTION_WEIGHTS = ("attn_norm", "wq", "wkv", "wo")

@@ -6,6 +6,13 @@ the sub-layer outputs in that boundary layout; whatever gathers, scatters or rin
 happen inside. Strategies that share a boundary layout switch from one layer to the next for
 free; otherwise the trainer's `enter` pays one resharding at the switch.
 
+Its layouts are data (`description.Rules`, logical axis -> mesh role): `boundary` for
+activations between sub-layers and token arrays, `compute` for activations where its local
+work happens, `weights` for the weights that work uses. Every PartitionSpec below, the
+divisibility checks and the `shard_map` specs of the strategies are derived from them. Its
+`describe(shape, remat)` says what one layer keeps and moves per device (`Description`), which
+is all the cost model knows of it.
+
 Mesh roles (`sharding.mesh.mesh_roles`): batch axes split the batch; model axes form the
 model-parallel group of size p that splits sequence, heads or MLP columns.
 """
@@ -19,9 +26,13 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from sharding.mesh import mesh_roles
+from sharding import layout as L
 from sharding.ops import blocks
 from sharding.ops.blocks import BlockSpec
+from sharding.strategies.description import (
+    BATCH_ROLE, DEVICES_ROLE, MODEL_ROLE, Description, LayerShape, Rules, axes_entry, role_axes)
+
+__all__ = ["Strategy", "StrategyShapeError", "axes_entry", "constrain", "shard_map", "token_cross_entropy"]
 
 
 class StrategyShapeError(ValueError):
@@ -33,37 +44,23 @@ def constrain(x, mesh: Mesh, spec: P):
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
-def replicate(tree, mesh: Mesh):
-    """Constrain every array of a tree to be replicated (an all-gather from the storage layout)."""
-    return jax.tree.map(lambda w: constrain(w, mesh, P()), tree)
-
-
-def axes_entry(axes: tuple[str, ...]):
-    """Mesh axes as one PartitionSpec entry (None when empty)."""
-    if not axes:
-        return None
-    return axes[0] if len(axes) == 1 else axes
-
-
-def all_axes(mesh: Mesh):
-    """All mesh axes as one PartitionSpec entry."""
-    return axes_entry(tuple(mesh.axis_names))
+def shard_map(f, mesh: Mesh, in_specs, out_specs):
+    """`jax.shard_map` manual over the strategy's axes (every axis but a pipeline's `stage`,
+    which is manual already when a stage runs the strategy)."""
+    return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=True,
+                         axis_names=frozenset(role_axes(mesh, DEVICES_ROLE)))
 
 
 def batch_entry(mesh: Mesh):
-    return axes_entry(mesh_roles(mesh)[0])
+    return axes_entry(role_axes(mesh, BATCH_ROLE))
 
 
 def model_entry(mesh: Mesh):
-    return axes_entry(mesh_roles(mesh)[1])
+    return axes_entry(role_axes(mesh, MODEL_ROLE))
 
 
 def model_size(mesh: Mesh) -> int:
-    return math.prod(mesh.shape[a] for a in mesh_roles(mesh)[1])
-
-
-def batch_size_of(mesh: Mesh) -> int:
-    return math.prod(mesh.shape[a] for a in mesh_roles(mesh)[0])
+    return math.prod(mesh.shape[a] for a in role_axes(mesh, MODEL_ROLE))
 
 
 def token_cross_entropy(logits, targets, loss_mask):
@@ -74,36 +71,76 @@ def token_cross_entropy(logits, targets, loss_mask):
     return jnp.sum(nll * mask), jnp.sum(mask)
 
 
+# What a check calls a role's size in its message.
+_ROLE_SIZE = {BATCH_ROLE: "the batch-axis size", MODEL_ROLE: "the model-parallel size", DEVICES_ROLE: "the device count"}
+# Logical axes whose split the checks verify, with the name and value of their extent.
+_CHECKED = ((L.BATCH, "batch size", lambda shape: shape.batch),
+            (L.SEQ, "sequence length", lambda shape: shape.seq_len),
+            (L.HEADS, "n_heads", lambda shape: shape.spec.n_heads),
+            (L.KV_HEADS, "n_kv_heads", None),
+            (L.MLP, "d_ff", lambda shape: shape.spec.d_ff))
+
+
 class Strategy(abc.ABC):
     """Base class: per-layer attention and MLP over the unified layout, plus embed and loss."""
 
     name: ClassVar[str]
+    boundary: ClassVar[Rules]  # activations [B, S, D] between sub-layers, token arrays [B, S]
+    compute: ClassVar[Rules]  # activations where the sub-layers' local work happens
+    weights: ClassVar[Rules] = Rules()  # the weights that work uses (default: whole)
 
     # -- layouts -----------------------------------------------------------------------------
-    @abc.abstractmethod
     def boundary_spec(self, mesh: Mesh) -> P:
         """Layout of [B, S, D] activations entering and leaving this strategy's layers."""
+        return self.boundary.spec(L.ACTIVATION_AXES, mesh)
 
     def token_spec(self, mesh: Mesh) -> P:
         """Layout of [B, S] token-level arrays (ids, segment ids, positions) for this strategy."""
-        spec = tuple(self.boundary_spec(mesh))
-        return P(*spec[:2])
+        return self.boundary.spec(L.TOKEN_AXES, mesh)
+
+    def weight_specs(self, names, mesh: Mesh) -> dict[str, P]:
+        """Layouts of these layer weights (names as in `sharding.layout.LAYER_WEIGHT_AXES`) in compute."""
+        return {name: self.weights.spec(L.LAYER_WEIGHT_AXES[name], mesh) for name in names}
+
+    def gather(self, w: dict, mesh: Mesh, stacked: bool = False) -> dict:
+        """Layer weights (with a leading layers axis if `stacked`) moved from the storage layout
+        to the compute layout (GSPMD gathers)."""
+        specs = self.weight_specs(w, mesh)
+        return {name: constrain(a, mesh, P(None, *specs[name]) if stacked else specs[name]) for name, a in w.items()}
 
     # -- checks ------------------------------------------------------------------------------
     def check(self, spec: BlockSpec, mesh: Mesh, batch: int, seq_len: int) -> None:
         """Raise StrategyShapeError naming the strategy and shape if it cannot serve them."""
-        self._require_divisible("batch size", batch, batch_size_of(mesh), "the batch-axis size")
+        self.check_shape(LayerShape.of_mesh(spec, mesh, batch, seq_len))
 
-    def _require_divisible(self, what: str, value: int, by: int, by_what: str):
-        if by > 1 and value % by:
-            raise StrategyShapeError(
-                f"strategy {self.name!r} needs {what} ({value}) divisible by {by_what} ({by})")
+    def check_shape(self, shape: LayerShape) -> None:
+        """The check on a mesh given by its role sizes: every logical axis the rules split must
+        divide by its role's size (K/V heads may instead be replicated up to whole heads)."""
+        for logical, what, value in _CHECKED:
+            role = next((r.role(logical) for r in (self.boundary, self.compute, self.weights) if r.role(logical)), None)
+            by = shape.size(role) if role else 1
+            if by <= 1:
+                continue
+            if value is None:
+                why = blocks.kv_split_error(shape.spec, by)
+                if why:
+                    raise StrategyShapeError(f"strategy {self.name!r} needs {why}")
+            elif value(shape) % by:
+                raise StrategyShapeError(
+                    f"strategy {self.name!r} needs {what} ({value(shape)}) divisible by {_ROLE_SIZE[role]} ({by})")
 
-    def _require_kv_split(self, spec: BlockSpec, p: int):
-        """K/V heads split over the model group, or replicated across it (`blocks.kv_heads_for_group`)."""
-        why = blocks.kv_split_error(spec, p)
-        if why:
-            raise StrategyShapeError(f"strategy {self.name!r} needs {why}")
+    # -- what one layer keeps and moves --------------------------------------------------------
+    @abc.abstractmethod
+    def describe(self, shape: LayerShape, remat: str = "none") -> Description:
+        """What one layer keeps and moves on one device (`sharding.strategies.description`)."""
+
+    def rows(self, shape: LayerShape) -> float:
+        """Batch rows of the boundary activation on one device."""
+        return shape.batch / self.boundary.split(L.BATCH, shape)
+
+    def boundary_seq(self, shape: LayerShape) -> float:
+        """Sequence positions of the boundary activation on one device."""
+        return shape.seq_len / self.boundary.split(L.SEQ, shape)
 
     # -- compute -----------------------------------------------------------------------------
     def run_weights(self, weights, mesh: Mesh):
@@ -129,7 +166,7 @@ class Strategy(abc.ABC):
         head = constrain(head, mesh, P()).astype(x.dtype)
         logits = jnp.einsum("bsd,dv->bsv", x, head, preferred_element_type=jnp.float32)
         tokens = self.token_spec(mesh)
-        return token_cross_entropy(constrain(logits, mesh, P(*tuple(self.boundary_spec(mesh))[:2], None)),
+        return token_cross_entropy(constrain(logits, mesh, self.boundary.spec((L.BATCH, L.SEQ, L.VOCAB), mesh)),
                                    constrain(targets, mesh, tokens), constrain(loss_mask, mesh, tokens))
 
     @abc.abstractmethod
@@ -139,26 +176,3 @@ class Strategy(abc.ABC):
     @abc.abstractmethod
     def mlp(self, w, x, spec: BlockSpec, mesh: Mesh):
         """MLP sub-layer output (before the residual add), in the boundary layout."""
-
-
-class BatchParallel(Strategy):
-    """Shared base of `dp` and `fsdp`: batch split over every device, full weights per layer."""
-
-    def boundary_spec(self, mesh: Mesh) -> P:
-        return P(all_axes(mesh), None, None)
-
-    def check(self, spec, mesh, batch, seq_len):
-        self._require_divisible("batch size", batch, mesh.devices.size, "the device count")
-
-    def layer_weights(self, w, mesh):
-        return w
-
-    def attention(self, w, x, segment_ids, positions, spec, mesh):
-        w = self.layer_weights(blocks.attention_weights(w), mesh)
-        out = blocks.attention_block(w, x, segment_ids, positions, spec)
-        return constrain(out, mesh, self.boundary_spec(mesh))
-
-    def mlp(self, w, x, spec, mesh):
-        w = self.layer_weights({"w_in": w["w_in"], "w_out": w["w_out"]}, mesh)
-        out = blocks.mlp_block(w["w_in"], w["w_out"], x, spec)
-        return constrain(out, mesh, self.boundary_spec(mesh))

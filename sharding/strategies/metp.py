@@ -15,12 +15,13 @@ from __future__ import annotations
 from functools import partial
 
 import jax
-from jax.sharding import Mesh, PartitionSpec as P
 
-from sharding.mesh import mesh_roles
 from sharding.ops import blocks
 from sharding.ops.metp import BROADCASTS, Ring, metp_attention, metp_attention_autodiff, metp_mlp, mlp_ring_forward
-from sharding.strategies.base import Strategy, batch_entry, model_entry, model_size
+from sharding.strategies.base import Strategy, model_size, shard_map
+from sharding.strategies.description import (
+    BATCH_ROLE, DEVICES_ROLE, F32, MODEL_ROLE, AttentionWork, Collective, Description, Extents, RingStep, Rules,
+    Saved, gather_per_layer, model_block_weights, projection_flops, recomputes, residuals, role_axes, saved_under)
 
 
 class MemoryEfficientTensorParallel(Strategy):
@@ -29,6 +30,8 @@ class MemoryEfficientTensorParallel(Strategy):
     autodiff through the rings instead (for memory comparisons only)."""
 
     name = "metp"
+    boundary = compute = Rules.of(batch=BATCH_ROLE, seq=MODEL_ROLE)
+    weights = Rules.of(heads=MODEL_ROLE, kv_heads=MODEL_ROLE, mlp=MODEL_ROLE)
 
     def __init__(self, broadcast: str = "psum", hand_backward: bool = True):
         if broadcast not in BROADCASTS:
@@ -36,37 +39,88 @@ class MemoryEfficientTensorParallel(Strategy):
         self.broadcast = broadcast
         self.hand_backward = hand_backward
 
-    def boundary_spec(self, mesh: Mesh) -> P:
-        return P(batch_entry(mesh), model_entry(mesh), None)
+    def ring(self, mesh) -> Ring:
+        return Ring(axis=role_axes(mesh, MODEL_ROLE), size=model_size(mesh), batch_axes=role_axes(mesh, BATCH_ROLE))
 
-    def check(self, spec, mesh, batch, seq_len):
-        super().check(spec, mesh, batch, seq_len)
-        p = model_size(mesh)
-        self._require_divisible("sequence length", seq_len, p, "the model-parallel size")
-        self._require_divisible("n_heads", spec.n_heads, p, "the model-parallel size")
-        self._require_kv_split(spec, p)
-        self._require_divisible("d_ff", spec.d_ff, p, "the model-parallel size")
-
-    def ring(self, mesh: Mesh) -> Ring:
-        batch_axes, axes = mesh_roles(mesh)
-        return Ring(axis=axes, size=model_size(mesh), batch_axes=batch_axes)
+    def _local(self, kernel, mesh, w, *tokens):
+        """`kernel` on each device's chunk and weight blocks, in a shard_map."""
+        act, tok = self.boundary_spec(mesh), self.token_spec(mesh)
+        return shard_map(kernel, mesh, in_specs=(act, *(tok for _ in tokens), self.weight_specs(w, mesh)), out_specs=act)
 
     def attention(self, w, x, segment_ids, positions, spec, mesh):
         self.check(spec, mesh, x.shape[0], x.shape[1])
         kernel = metp_attention if self.hand_backward else metp_attention_autodiff
-        m, act, tokens = model_entry(mesh), self.boundary_spec(mesh), self.token_spec(mesh)
-        specs = {"wq": P(None, m, None), "wkv": P(None, None, m, None), "wo": P(m, None, None)}
-        fn = jax.shard_map(partial(kernel, spec=spec, ring=self.ring(mesh), broadcast=self.broadcast),
-                           mesh=mesh, in_specs=(act, tokens, tokens, specs), out_specs=act)
         w = blocks.attention_weights(w)
         w["wkv"] = blocks.kv_heads_for_group(w["wkv"], model_size(mesh))  # whole K/V heads per group
         w = jax.tree.map(lambda t: t.astype(spec.dtype), w)
-        return fn(x, segment_ids, positions, w)
+        kernel = partial(kernel, spec=spec, ring=self.ring(mesh), broadcast=self.broadcast)
+        return self._local(kernel, mesh, w, segment_ids, positions)(x, segment_ids, positions, w)
 
     def mlp(self, w, x, spec, mesh):
         self.check(spec, mesh, x.shape[0], x.shape[1])
-        kernel = metp_mlp if self.hand_backward else mlp_ring_forward
-        m, act = model_entry(mesh), self.boundary_spec(mesh)
-        fn = jax.shard_map(partial(kernel, spec=spec, ring=self.ring(mesh)), mesh=mesh,
-                           in_specs=(act, P(None, None, m), P(m, None)), out_specs=act)
-        return fn(x, w["w_in"].astype(spec.dtype), w["w_out"].astype(spec.dtype))
+        kernel = partial(metp_mlp if self.hand_backward else mlp_ring_forward, spec=spec, ring=self.ring(mesh))
+        w = {"w_in": w["w_in"].astype(spec.dtype), "w_out": w["w_out"].astype(spec.dtype)}
+        return self._local(lambda x, w: kernel(x, w["w_in"], w["w_out"]), mesh, w)(x, w)
+
+    def describe(self, shape, remat="none"):
+        spec, p, g, e = shape.spec, shape.p, shape.g, shape.e_mem
+        h, n, k, f = spec.d_model, spec.n_heads, spec.head_dim, spec.d_ff
+        rows, c = self.rows(shape), self.boundary_seq(shape)
+        tokens = rows * c
+        # MLP activations are recomputed block by block (in `buffers`), never kept whole
+        ext = Extents(rows, c, c, tokens, n, shape.kv_group / p, 0.0, False, 0.0,
+                      rows * n / p * min(spec.attention_block, c) ** 2)
+        # only o per head group and its log-sum-exp; under dots, the ring steps' projection
+        # outputs (matmuls without batch dims)
+        saved = saved_under(remat, residuals(ext, att=1, kv=0, mlp=0), Saved(boundary=1 + p, att=3))
+        kept, transient = model_block_weights(shape, remat)
+        # travelling MLP blocks + grads (double buffered), head-group broadcasts
+        w_mlp = (g * h * f + f * h) / p
+        w_att = ((2 * n + 2 * shape.kv_group) * h * k) / p
+        transient = 2 * w_mlp * e + 2 * w_mlp * F32 + 2 * w_att * e + w_att * F32 + (transient if shape.d > 1 else 0.0)
+        kv = 2 * tokens * ext.kv_heads * k
+        A = tokens * n * k * e
+        buffers = 2 * kv * e + kv * F32 + 3 * A / p + 2 * tokens * h * F32 + (g + 1) * tokens * f / p * e
+        chunk = max(1, shape.seq_len // p)
+        return Description(
+            ext, saved, kept, transient, buffers, self.matmul_flops(shape, tokens, remat),
+            AttentionWork(rows, n, c, c, blocks=p, tiled=True, flash=True),
+            p * p * (shape.tiles(chunk, chunk) + 1) + p,
+            ((Collective("all-reduce", DEVICES_ROLE, self.group_elems(shape) / p * F32, p),)  # group grads to their owner
+             + (gather_per_layer(shape, remat, BATCH_ROLE, share=p)[:1] if shape.d > 1 else ())),
+            self.ring_steps(shape, tokens, remat))
+
+    def group_elems(self, shape) -> int:
+        """Elements of the attention weights of all p head groups (K/V heads replicated to whole heads)."""
+        spec = shape.spec
+        return (spec.n_heads + 2 * shape.kv_group) * spec.d_model * spec.head_dim + spec.n_heads * spec.head_dim * spec.d_model
+
+    def matmul_flops(self, shape, tokens, remat) -> float:
+        """The hand-written backward recomputes the MLP's input projection and q/k/v (not the
+        output projections): matches the dot FLOPs of the compiled HLO."""
+        spec = shape.spec
+        return (projection_flops(shape, tokens, remat)
+                + 2 * tokens * (shape.g * spec.d_model * spec.d_ff + shape.qkv_elems) * (1 - recomputes(remat)))
+
+    def ring_steps(self, shape, tokens, remat) -> tuple[RingStep, ...]:
+        spec, p, e, g = shape.spec, shape.p, shape.e, shape.g
+        h, f = spec.d_model, spec.d_ff
+        passes = 1 + (1 if remat != "none" else 0)
+        # MLP: a weight block hops while the previous one computes: p - 1 hops per forward; the
+        # backward (recompute + 2 gradient matmuls per block) moves block and f32 gradient per step
+        wblk_mlp = (g * h * f + f * h) / p * e
+        mlp_blk = 2 * tokens * (g * h * f + f * h) / p  # forward FLOPs of one weight block on the chunk
+        # attention: head group j + 1's weights are broadcast (a masked psum) while group j computes
+        # its projections; its K/V blocks then hop an inner ring while each visiting block computes
+        wblk_att = self.group_elems(shape) / p * e
+        proj_grp = 2 * tokens * self.group_elems(shape) / p
+        kv = 2 * tokens * (shape.kv_group / p) * spec.head_dim * e
+        share = 1 / (p * p)  # one visiting block of one head group
+        return (RingStep(passes * (p - 1), wblk_mlp, matmul_flops=mlp_blk),
+                RingStep(p - 1, wblk_mlp + wblk_mlp / e * F32, matmul_flops=3 * mlp_blk),
+                RingStep(1, wblk_mlp / e * F32),
+                RingStep(passes * (p - 1), wblk_att, kind="all-reduce", matmul_flops=proj_grp),
+                RingStep(p - 1, wblk_att, kind="all-reduce", matmul_flops=3 * proj_grp),
+                RingStep(passes * p * (p - 1), kv, attention=share, scores=share),
+                RingStep(p * (p - 1), kv + kv / e * F32, attention=2.5 * share, scores=share),
+                RingStep(p, kv / e * F32))

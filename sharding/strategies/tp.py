@@ -17,30 +17,24 @@ import jax
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, PartitionSpec as P
 
-from sharding.mesh import mesh_roles
+from sharding import layout as L
 from sharding.ops import blocks
 from sharding.ops.vocab_parallel import vocab_parallel_embed_partial, vocab_parallel_nll
-from sharding.strategies.base import Strategy, batch_entry, model_entry, model_size
+from sharding.strategies.base import Strategy, model_size, shard_map
+from sharding.strategies.description import (
+    BATCH_ROLE, MODEL_ROLE, AttentionWork, Collective, Description, Extents, Rules, Saved, dense_or_tiles,
+    gather_per_layer, model_block_weights, projection_flops, residuals, role_axes, saved_under)
 
 _GATHERED = "sp_gathered"
+_SPLIT = dict(heads=MODEL_ROLE, kv_heads=MODEL_ROLE, mlp=MODEL_ROLE)
 
 
 class TensorParallel(Strategy):
     name = "tp"
     sequence_parallel = False
-
-    # -- layouts -----------------------------------------------------------------------------
-    def boundary_spec(self, mesh: Mesh) -> P:
-        return P(batch_entry(mesh), model_entry(mesh) if self.sequence_parallel else None, None)
-
-    def check(self, spec, mesh, batch, seq_len):
-        super().check(spec, mesh, batch, seq_len)
-        p = model_size(mesh)
-        self._require_divisible("n_heads", spec.n_heads, p, "the model-parallel size")
-        self._require_kv_split(spec, p)
-        self._require_divisible("d_ff", spec.d_ff, p, "the model-parallel size")
-        if self.sequence_parallel:
-            self._require_divisible("sequence length", seq_len, p, "the model-parallel size")
+    boundary = Rules.of(batch=BATCH_ROLE)
+    compute = Rules.of(batch=BATCH_ROLE, **_SPLIT)
+    weights = Rules.of(vocab=MODEL_ROLE, **_SPLIT)
 
     # -- collectives around a sub-layer --------------------------------------------------------
     def _gather(self, x, axes):
@@ -56,7 +50,7 @@ class TensorParallel(Strategy):
 
     def _sublayer(self, body, mesh: Mesh, weight_specs, x, *tokens):
         """Run `body(weights, x_full, *tokens) -> partial sums` split over the model group."""
-        axes = mesh_roles(mesh)[1]
+        axes = role_axes(mesh, MODEL_ROLE)
         x_spec = self.boundary_spec(mesh)
 
         def local(weights, x, *tokens):
@@ -64,28 +58,25 @@ class TensorParallel(Strategy):
 
         if self.sequence_parallel:  # keep the shard, re-gather in the backward
             local = jax.checkpoint(local, policy=jax.checkpoint_policies.save_anything_except_these_names(_GATHERED))
-        token_specs = tuple(P(batch_entry(mesh), None) for _ in tokens)
-        return jax.shard_map(local, mesh=mesh, in_specs=(weight_specs, x_spec, *token_specs), out_specs=x_spec)
+        token_specs = tuple(self.compute.spec(L.TOKEN_AXES, mesh) for _ in tokens)
+        return shard_map(local, mesh, in_specs=(weight_specs, x_spec, *token_specs), out_specs=x_spec)
 
     # -- layers --------------------------------------------------------------------------------
     def attention(self, w, x, segment_ids, positions, spec, mesh):
-        m = model_entry(mesh)
-
         def body(w, x, segment_ids, positions):
             q, k, v = blocks.qkv_projection(w, x, positions, spec)
             o = blocks.local_attention(q, k, v, spec, q_segment_ids=segment_ids, kv_segment_ids=segment_ids)
             return blocks.output_projection(o, w["wo"])
 
-        specs = {"wq": P(None, m, None), "wkv": P(None, None, m, None), "wo": P(m, None, None)}
         w = blocks.attention_weights(w)
         w["wkv"] = blocks.kv_heads_for_group(w["wkv"], model_size(mesh))
+        specs = self.weight_specs(w, mesh)
         return self._sublayer(body, mesh, specs, x, segment_ids, positions)(w, x, segment_ids, positions)
 
     def mlp(self, w, x, spec, mesh):
-        m = model_entry(mesh)
         body = lambda w, x: blocks.mlp_block(w["w_in"], w["w_out"], x, spec)  # noqa: E731
-        specs = {"w_in": P(None, None, m), "w_out": P(m, None)}
-        return self._sublayer(body, mesh, specs, x)({"w_in": w["w_in"], "w_out": w["w_out"]}, x)
+        w = {"w_in": w["w_in"], "w_out": w["w_out"]}
+        return self._sublayer(body, mesh, self.weight_specs(w, mesh), x)(w, x)
 
     # -- embedding and loss: vocabulary-parallel ------------------------------------------------
     def _vocab_split(self, vocab: int, mesh: Mesh) -> bool:
@@ -94,17 +85,18 @@ class TensorParallel(Strategy):
     def embed(self, table, tokens, mesh):
         if not self._vocab_split(table.shape[0], mesh):
             return super().embed(table, tokens, mesh)
-        axes = mesh_roles(mesh)[1]
+        axes = role_axes(mesh, MODEL_ROLE)
         local = lambda table, tokens: self._reduce(vocab_parallel_embed_partial(table, tokens, axes), axes)  # noqa: E731
-        fn = jax.shard_map(local, mesh=mesh, in_specs=(P(model_entry(mesh), None), P(batch_entry(mesh), None)),
-                           out_specs=self.boundary_spec(mesh))
+        fn = shard_map(local, mesh, in_specs=(self.weights.spec(L.EMBEDDING_AXES, mesh),
+                                              self.compute.spec(L.TOKEN_AXES, mesh)),
+                       out_specs=self.boundary_spec(mesh))
         return fn(table, tokens)
 
     def loss_sums(self, x, head, targets, loss_mask, mesh):
         if not self._vocab_split(head.shape[1], mesh):
             return super().loss_sums(x, head, targets, loss_mask, mesh)
-        batch_axes, axes = mesh_roles(mesh)
-        tokens = P(batch_entry(mesh), None)
+        batch_axes, axes = role_axes(mesh, BATCH_ROLE), role_axes(mesh, MODEL_ROLE)
+        tokens = self.compute.spec(L.TOKEN_AXES, mesh)
 
         def local(x, head, targets, mask):
             nll = vocab_parallel_nll(self._gather(x, axes), head, targets, axes)
@@ -112,6 +104,28 @@ class TensorParallel(Strategy):
             sums = (jax.numpy.sum(nll * mask), jax.numpy.sum(mask))
             return jax.lax.psum(sums, batch_axes) if batch_axes else sums
 
-        fn = jax.shard_map(local, mesh=mesh, in_specs=(self.boundary_spec(mesh), P(None, model_entry(mesh)), tokens, tokens),
-                           out_specs=(P(), P()))
+        fn = shard_map(local, mesh, in_specs=(self.boundary_spec(mesh), self.weights.spec(L.HEAD_AXES, mesh), tokens, tokens),
+                       out_specs=(P(), P()))
         return fn(x, head, targets, loss_mask)
+
+    # -- what one layer keeps and moves ---------------------------------------------------------
+    def describe(self, shape, remat="none"):
+        spec, s, p, rows = shape.spec, shape.seq_len, shape.p, self.rows(shape)
+        heads = spec.n_heads / p
+        dense, score, tiles = dense_or_tiles(shape, rows, heads, s)
+        ext = Extents(rows, self.boundary_seq(shape), s, rows * s, heads, shape.kv_group / p, rows * s * spec.d_ff / p,
+                      dense, score, tiles)
+        kept, transient = model_block_weights(shape, remat)
+        # the gathered sub-layer inputs are kept whole (not re-gathered): the layer input and one input
+        dots = Saved(boundary=1, inputs=1, att=3, mlp=shape.g)
+        return Description(
+            ext, saved_under(remat, residuals(ext), dots), kept, transient, 0.0,
+            projection_flops(shape, rows * s, remat, split=p),
+            AttentionWork(rows, heads, s, s, tiled=shape.blockwise, flash=shape.blockwise),
+            shape.tiles(s, s) if shape.blockwise else 0,
+            self.sublayer_collectives(shape, rows * s * spec.d_model * shape.e)
+            + (gather_per_layer(shape, remat, BATCH_ROLE, share=p) if shape.d > 1 else ()))
+
+    def sublayer_collectives(self, shape, x_bytes):
+        """One all-reduce after each sub-layer, forward and backward."""
+        return (Collective("all-reduce", MODEL_ROLE, x_bytes, 4),)

@@ -9,22 +9,20 @@ all-to-all so that every device receives the one its query heads read.
 """
 from __future__ import annotations
 
-import jax
 from jax import lax
 
 from sharding.ops import blocks
 from sharding.ops.ring_attention import chunk_index
 from sharding.strategies.base import model_entry, model_size
+from sharding.strategies.description import (
+    BATCH_ROLE, MODEL_ROLE, AttentionWork, Collective, Description, Rules, dense_or_tiles, gather_per_layer,
+    gathered_weights, projection_flops, recomputes_attention, residuals, saved_under, standard_dots)
 from sharding.strategies.ring import SequenceSharded
 
 
 class Ulysses(SequenceSharded):
     name = "ulysses"
-
-    def check(self, spec, mesh, batch, seq_len):
-        super().check(spec, mesh, batch, seq_len)
-        self._require_divisible("n_heads", spec.n_heads, model_size(mesh), "the model-parallel size")
-        self._require_kv_split(spec, model_size(mesh))
+    compute = Rules.of(batch=BATCH_ROLE, heads=MODEL_ROLE, kv_heads=MODEL_ROLE)  # attention, between the all-to-alls
 
     def attend(self, q, k, v, segment_ids, spec, mesh):
         axis = model_entry(mesh)
@@ -43,7 +41,21 @@ class Ulysses(SequenceSharded):
                                        q_index=index, kv_index=index)
             return heads_to_seq(o)
 
-        qkv = self.local_spec(mesh, 4)
         k, v = (blocks.kv_heads_for_group(t, model_size(mesh)) for t in (k, v))  # whole K/V heads per device
-        return jax.shard_map(local, mesh=mesh, in_specs=(qkv, qkv, qkv, self.local_spec(mesh, 2)),
-                             out_specs=qkv, check_vma=True)(q, k, v, segment_ids)
+        return self.local_attention(local, mesh)(q, k, v, segment_ids)
+
+    def describe(self, shape, remat="none"):
+        spec, s, p = shape.spec, shape.seq_len, shape.p
+        rows = self.rows(shape)
+        dense, score, tiles = dense_or_tiles(shape, rows, spec.n_heads / p, s)
+        # K/V heads repeated up to p before the all-to-all; o kept in both layouts
+        ext = self.chunk_extents(shape, shape.kv_group, dense, score, tiles)
+        kept, transient = gathered_weights(shape, remat)
+        A = ext.att_tokens * spec.n_heads * spec.head_dim * shape.e
+        a2a = Collective("all-to-all", MODEL_ROLE, A * (2 * spec.n_heads + 2 * shape.kv_group) / (4 * spec.n_heads),
+                         4 * (2 + recomputes_attention(remat) / 2))  # q, k, v, o
+        return Description(
+            ext, saved_under(remat, residuals(ext, att=3), standard_dots(shape)), kept, transient, 0.0,
+            projection_flops(shape, ext.att_tokens, remat),
+            AttentionWork(rows, spec.n_heads / p, s, s, tiled=shape.blockwise, flash=shape.blockwise),
+            shape.tiles(s, s) if shape.blockwise else 0, gather_per_layer(shape, remat) + (a2a,))
