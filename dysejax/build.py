@@ -74,6 +74,7 @@ def with_attention_kernel(config: Config, platform: str) -> ModelConfig:
 def build(config: Config, workdir: Optional[str] = None, verbose: bool = True) -> Setup:
     """The mesh, data, planner and program cache of `config`, run in `workdir` (default
     config.workdir, else runs/default). Raises UserError (one line) for a bad input."""
+    runtime.configure_host_devices(config.parallel.cpu_devices)  # before JAX's backend starts
     workdir = os.path.abspath(workdir or config.workdir or default_workdir(None))
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise ConfigError(f"--workdir {workdir!r} is a file: name a folder (created if missing)")

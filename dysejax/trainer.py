@@ -42,10 +42,9 @@ class Trainer:
     """Trains `config`'s model on its data; `fit(steps)` returns the metrics rows it wrote."""
 
     def __init__(self, config: Config, workdir: Optional[str] = None, verbose: bool = True):
-        runtime.configure_host_devices(config.parallel.cpu_devices)
         self.config, self.verbose = config, verbose
-        self.is_writer = jax.process_index() == 0
         setup = build(config, workdir, verbose)
+        self.is_writer = jax.process_index() == 0
         self.workdir, self._new_workdir, self.log = setup.workdir, setup.new_workdir, setup.log
         self.mesh, self.data, self.budget, self.planner = setup.mesh, setup.data, setup.budget, setup.planner
         self.model, self.optimizer, self.state_layout = setup.model, setup.optimizer, setup.state_layout
