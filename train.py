@@ -42,15 +42,17 @@ def parse_args(argv):
     return args
 
 
-def _plan_report(trainer, args) -> int:
+def _plan_report(config, workdir: str, args) -> int:
     import json
 
+    from dysejax.build import build
     from dysejax.plan_report import format_report, plan_report, write_plot
 
-    report = plan_report(trainer)
-    png = args.plan_png or os.path.join(trainer.workdir, "plan.png")
+    setup = build(config, workdir, verbose=False)
+    report = plan_report(setup.planner, setup.programs)
+    png = args.plan_png or os.path.join(setup.workdir, "plan.png")
     os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
-    written = write_plot(trainer, report, png)
+    written = write_plot(setup.planner, report, png)
     note = f"plot: {written}" if written else "plot: not written (pip install matplotlib)"
     if args.json:
         print(json.dumps(report, indent=1))
@@ -87,14 +89,16 @@ def main(argv=None) -> int:
         runtime.configure_host_devices(config.parallel.cpu_devices)
         runtime.initialize_distributed(args.coordinator, args.num_processes, args.process_id,
                                        config.train.peer_timeout_s)
-        from dysejax.trainer import Trainer, default_workdir
+        from dysejax.build import default_workdir
 
         workdir = args.workdir or config.workdir or default_workdir(args.config)
         if args.plot:
             return _plot(workdir)
-        trainer = Trainer(config, workdir=workdir, verbose=not args.plan)
         if args.plan:
-            return _plan_report(trainer, args)
+            return _plan_report(config, workdir, args)
+        from dysejax.trainer import Trainer
+
+        trainer = Trainer(config, workdir=workdir)
         if args.warmup_only:
             t0 = time.perf_counter()
             report = trainer.warmup()

@@ -55,7 +55,7 @@ def build_static(trainer, strategy: str, remat: str) -> Contender:
         bs = trainer.data.batch_size(b)
         c.plan_ids[b] = plan.id
         try:
-            trainer.check_plan(plan, b, bs)
+            trainer.planner.check(plan, b, bs)
         except PlanError as e:
             c.why_not[b] = f"infeasible: {e}"
             c.infeasible.add(b)
@@ -71,7 +71,7 @@ def build_auto(trainer) -> Contender:
     c = Contender("auto")
     for b in trainer.data.buckets:
         bs = trainer.data.batch_size(b)
-        candidates = trainer.plans.candidates(b)
+        candidates = trainer.planner.candidates(b)
         try:
             program = trainer.programs.select("train", b, bs, candidates, trainer.budget)
         except PlanError:
@@ -189,7 +189,7 @@ def fits_at(trainer, plan, seq_len: int) -> bool:
     from dysejax.errors import PlanError
     bs = trainer.data.batch_size(seq_len)
     try:
-        trainer.check_plan(plan, seq_len, bs)
+        trainer.planner.check(plan, seq_len, bs)
     except PlanError:
         return False
     return trainer.budget is None or trainer.programs.get("train", seq_len, bs, plan).bytes_per_device <= trainer.budget

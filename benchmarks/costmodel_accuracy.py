@@ -169,10 +169,10 @@ def end_to_end(cache: dict, log, workdir: str) -> list[dict]:
             if key not in cache:
                 if trainer is None:
                     trainer = dysejax.Trainer(cfg, workdir=workdir, verbose=False)
-                plan = trainer.parse_plan(written)
+                plan = trainer.planner.parse(written)
                 bs = trainer.data.batch_size(bucket)
                 try:
-                    trainer.check_plan(plan, bucket, bs)
+                    trainer.planner.check(plan, bucket, bs)
                 except Exception as e:  # a strategy that cannot serve the shape
                     log(f"  skip {bucket} {written}: {e}")
                     continue

@@ -81,7 +81,7 @@ def synthetic_batch(trainer, batch: int, length: int, plan):
     import jax
     import numpy as np
 
-    from dysejax.programs import batch_sharding
+    from dysejax.batches import batch_sharding
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, trainer.config.model.vocab_size, (batch, length + 1), dtype=np.int32)
     arrays = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "segment_ids": np.ones((batch, length), np.int32),

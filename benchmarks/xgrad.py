@@ -115,8 +115,7 @@ def param_bytes_per_device(trainer) -> int:
 
 
 def first_plan(trainer, bucket: int):
-    plans = getattr(trainer, "plans", None)
-    return plans.candidates(bucket)[0] if plans is not None else trainer.plan
+    return trainer.planner.candidates(bucket)[0]
 
 
 def train_program(trainer, bucket: int = TIMED_BUCKET):
@@ -197,7 +196,7 @@ def gpt_step_timing(pair: dict, programs: dict, rounds: int = 15, per_round: int
     while plan_b.bucket != TIMED_BUCKET:
         plan_b = it.next_plan()
     states = {s: t.state for s, t in pair.items()}
-    batches = {s: t._put(t.data.materialize(plan_b), programs[s].plan) for s, t in pair.items()}
+    batches = {s: t.load_batch(plan_b, programs[s].plan) for s, t in pair.items()}
 
     def call(s):
         def go():

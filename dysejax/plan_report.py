@@ -1,8 +1,9 @@
 """The plan report (`train.py --plan`): per bucket, the plan that runs it and what the cost model
-predicts for it, without compiling or training; and a PNG of predicted time and memory vs
-length for every strategy, with the chosen plans and the budget line.
+predicts for it, without training; and a PNG of predicted time and memory vs length for every
+strategy, with the chosen plans and the budget line.
 
-All figures are model predictions for `parallel.hardware`, per device.
+All figures are model predictions for `parallel.hardware`, per device; with a program cache
+and the devices planned for here, each bucket's plan is also compiled and checked against XLA.
 """
 from __future__ import annotations
 
@@ -15,44 +16,45 @@ from costmodel.memory import feasible_strategies
 JSON_KEYS = ("devices", "memory_budget_bytes", "buckets")
 
 
-def plan_report(trainer) -> dict:
-    """`{"devices", "memory_budget_bytes", "hardware", "buckets": [...]}` for a Trainer's config.
+def plan_report(planner, programs=None) -> dict:
+    """`{"devices", "memory_budget_bytes", "hardware", "buckets": [...]}` of a `Planner`.
 
     Buckets whose entry is `auto` report the search's choice (fits: the prediction is within the
     budget; when nothing fits, the closest plan with fits false); the others report their
-    written plan's predictions; a bucket that does not fit says why (`reason`). When the devices
-    are here and there is a budget, each bucket's plan is also verified as training would: its
-    candidates are compiled in order (abstract inputs, nothing runs) and the first within the
-    budget by XLA's figure is reported, with `xla_bytes`, and fits by that figure."""
+    written plan's predictions; a bucket that does not fit says why (`reason`). Given the
+    `programs` (a ProgramCache), when the devices are here and there is a budget, each bucket's
+    plan is also verified as training would: its candidates are compiled in order (abstract
+    inputs, nothing runs) and the first within the budget by XLA's figure is reported, with
+    `xla_bytes`, and fits by that figure."""
     from dysejax.progress import Phase
 
-    planner = trainer.planner
-    budget = planner.budget
-    verify = budget is not None and not isinstance(planner.hardware, str)
+    budget = planner.cost_model.budget  # planning a GPU from here: what JAX could use there
+    verify = programs is not None and budget is not None and not isinstance(planner.hardware, str)
+    buckets = planner.data.buckets
     rows = []
-    phase = Phase("plan: compiling each bucket's plan to check it against XLA", total=len(trainer.data.buckets),
+    phase = Phase("plan: compiling each bucket's plan to check it against XLA", total=len(buckets),
                   unit="bucket", log=lambda m: print(m, file=sys.stderr, flush=True), enabled=verify)
     with phase:
-        for bucket in trainer.data.buckets:
-            rows.append(_bucket_row(trainer, planner, bucket, budget, verify))
+        for bucket in buckets:
+            rows.append(_bucket_row(planner, programs if verify else None, bucket, budget))
             if verify:
                 phase.update(1, f"bucket {bucket}")
-    return {"devices": int(trainer.n_devices), "memory_budget_bytes": None if budget is None else int(budget),
+    return {"devices": int(planner.mesh.devices.size), "memory_budget_bytes": None if budget is None else int(budget),
             "hardware": _hardware_name(planner.hardware), "verified_by_xla": verify, "buckets": rows}
 
 
-def _bucket_row(trainer, planner, bucket: int, budget: Optional[int], verify: bool) -> dict:
+def _bucket_row(planner, programs, bucket: int, budget: Optional[int]) -> dict:
     from dysejax.errors import PlanError
 
-    batch = trainer.data.batch_size(bucket)
-    auto = bucket in trainer.plans.auto_buckets
-    candidates = trainer.plans.candidates(bucket)
+    batch = planner.data.batch_size(bucket)
+    auto = bucket in planner.auto_buckets
+    candidates = planner.candidates(bucket)
     plan, xla = candidates[0], None
-    if verify:
+    if programs is not None:
         try:
-            program = trainer.programs.select("train", bucket, batch, candidates, budget)
+            program = programs.select("train", bucket, batch, candidates, budget)
         except PlanError:
-            program = trainer.programs.get("train", bucket, batch, candidates[-1])
+            program = programs.get("train", bucket, batch, candidates[-1])
         plan, xla = program.plan, program.bytes_per_device
     nbytes, seconds = planner.predict(bucket, batch, plan)
     if xla is not None:
@@ -66,50 +68,31 @@ def _bucket_row(trainer, planner, bucket: int, budget: Optional[int], verify: bo
     if xla is not None:
         row["xla_bytes"] = int(xla)
     if not fits:
-        row["reason"] = why_not(trainer, budget, xla if xla is not None else nbytes, plan.id)
+        row["reason"] = why_not(planner.state_bytes, budget, xla if xla is not None else nbytes, plan.id)
     return row
 
 
-def state_bytes_per_device(trainer) -> int:
-    """Bytes one device holds of the parameters, their gradients and the optimizer state, in the
-    storage layout (exact: each leaf's shard under its sharding)."""
-    import math
-
-    import jax
-
-    def shard_bytes(tree, shardings):
-        leaves = jax.tree.leaves(jax.tree.map(
-            lambda a, sh: math.prod(sh.shard_shape(a.shape)) * a.dtype.itemsize, tree, shardings))
-        return sum(leaves)
-
-    abstract, shardings = trainer.state_layout.abstract, trainer.state_layout.shardings
-    params = shard_bytes(abstract["params"], shardings["params"])
-    return 2 * params + shard_bytes(abstract["opt_state"], shardings["opt_state"])
-
-
-def state_over_budget(trainer, budget: Optional[int]) -> Optional[str]:
+def state_over_budget(state_bytes: int, budget: Optional[int]) -> Optional[str]:
     """'parameters, ... alone need X GiB per device, over the budget of Y GiB', or None."""
-    state = state_bytes_per_device(trainer)
-    if budget is None or state <= budget:
+    if budget is None or state_bytes <= budget:
         return None
-    return (f"parameters, gradients and optimizer state alone need {state / 2**30:.4f} GiB per device, over the "
-            f"budget of {budget / 2**30:.4f} GiB")
+    return (f"parameters, gradients and optimizer state alone need {state_bytes / 2**30:.4f} GiB per device, "
+            f"over the budget of {budget / 2**30:.4f} GiB")
 
 
-def why_not(trainer, budget: Optional[int], needs: float, plan_id: str) -> str:
-    """Why a bucket's leanest plan does not fit: the state alone, or the activations on top of it."""
-    over = state_over_budget(trainer, budget)
+def why_not(state_bytes: int, budget: Optional[int], needs: float, plan_id: str) -> str:
+    """Why a bucket's plan needing `needs` bytes does not fit: the state alone, or the batch on top of it."""
+    over = state_over_budget(state_bytes, budget)
     if over:
         return f"{over}: raise parallel.memory_budget_gb or use more devices"
-    state = state_bytes_per_device(trainer)
-    return (f"{plan_id} needs {needs / 2**30:.4f} GiB per device: {state / 2**30:.4f} GiB of parameters, gradients "
-            f"and optimizer state and the rest for this bucket's batch: lower data.tokens_per_batch, raise "
-            f"parallel.memory_budget_gb or drop the bucket")
+    return (f"{plan_id} needs {needs / 2**30:.4f} GiB per device: {state_bytes / 2**30:.4f} GiB of parameters, "
+            f"gradients and optimizer state and the rest for this bucket's batch: lower data.tokens_per_batch, "
+            f"raise parallel.memory_budget_gb or drop the bucket")
 
 
-def why_nothing_fits(trainer, seq_len: int) -> str:
+def why_nothing_fits(state_bytes: int, budget: Optional[int]) -> str:
     """'; <reason>' for a warmup failure when the state alone is over the budget (no batch fix helps)."""
-    over = state_over_budget(trainer, trainer.budget)
+    over = state_over_budget(state_bytes, budget)
     return f"; {over}, so no bucket can fit" if over else ""
 
 
@@ -134,23 +117,22 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def strategy_curves(trainer, lengths) -> dict:
+def strategy_curves(planner, lengths) -> dict:
     """{strategy: [(length, bytes, seconds) ...]} of every strategy's uniform plan (model default
     remat) at `lengths`, with the batch the data pipeline gives each length."""
     from sharding.plan import Plan, Run
 
-    planner = trainer.planner
     curves: dict[str, list] = {}
-    mesh_shape = dict(trainer.mesh.shape)
+    mesh_shape = dict(planner.mesh.shape)
     for s in lengths:
-        batch = trainer.data.batch_size(s)
-        for name in feasible_strategies(trainer.spec, mesh_shape, batch, s):
-            nbytes, seconds = planner.predict(s, batch, Plan((Run(name, trainer.config.model.n_layers),)))
+        batch = planner.data.batch_size(s)
+        for name in feasible_strategies(planner.spec, mesh_shape, batch, s):
+            nbytes, seconds = planner.predict(s, batch, Plan((Run(name, planner.config.model.n_layers),)))
             curves.setdefault(name, []).append((s, nbytes, seconds))
     return curves
 
 
-def write_plot(trainer, report: dict, path: str) -> Optional[str]:
+def write_plot(planner, report: dict, path: str) -> Optional[str]:
     """Write the PNG; returns None (and writes nothing) when matplotlib is not installed."""
     try:
         from matplotlib.figure import Figure  # no GUI backend: safe in scripts and notebooks alike
@@ -160,7 +142,7 @@ def write_plot(trainer, report: dict, path: str) -> Optional[str]:
     lo, hi = min(buckets), max(buckets)
     n = max(2, int(round(4 * math.log2(hi / lo))) + 1) if hi > lo else 1
     lengths = sorted({int(round(lo * (hi / lo) ** (i / max(1, n - 1)))) for i in range(n)} | set(buckets))
-    curves = strategy_curves(trainer, lengths)
+    curves = strategy_curves(planner, lengths)
     fig = Figure(figsize=(12, 4.5))
     ax_t, ax_m = fig.subplots(1, 2)
     for name, pts in sorted(curves.items()):

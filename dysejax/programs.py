@@ -16,14 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
+from dysejax.batches import abstract_batch, batch_sharding
 from dysejax.errors import PlanError
-
-from dysejax.step import BATCH_KEYS
 from sharding.plan import Plan
-from sharding.strategies import get_strategy
-
-_BATCH_DTYPES = {"inputs": jnp.int32, "targets": jnp.int32, "segment_ids": jnp.int32,
-                 "positions": jnp.int32, "loss_mask": jnp.float32}
 
 
 @dataclass(frozen=True)
@@ -58,16 +53,6 @@ class Program:
         if self.key.kind == "train" and len(args) == 2:
             args = (*args, np.int32(self.horizon()))
         return self.compiled(*args)
-
-
-def batch_sharding(plan: Plan, mesh: Mesh) -> NamedSharding:
-    """Where a [B, S] input array lives: the first strategy's token layout."""
-    return NamedSharding(mesh, get_strategy(plan.runs[0].strategy).token_spec(mesh))
-
-
-def abstract_batch(batch_size: int, seq_len: int, sharding: NamedSharding) -> dict:
-    return {k: jax.ShapeDtypeStruct((batch_size, seq_len), _BATCH_DTYPES[k], sharding=sharding)
-            for k in BATCH_KEYS}
 
 
 def gib(n_bytes: Optional[int]) -> str:

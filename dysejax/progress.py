@@ -6,6 +6,7 @@ shows a bar, or a line when the phase starts and one when it ends (with its dura
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import Callable, Optional
@@ -57,3 +58,22 @@ class Phase:
             self._bar.close()
         elif self.enabled and self.count and exc[0] is None:
             self.log(f"{self.desc}: {self.count} {self.unit}s in {time.perf_counter() - self._t0:.1f} s")
+
+
+@contextlib.contextmanager
+def step_bar(enabled: bool, start: int, target: int):
+    """A tqdm bar of training steps showing loss, tokens/s, bucket and plan; `.update(row)` per step."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=target, initial=start, disable=not enabled, unit="step", file=sys.stderr,
+               dynamic_ncols=True, mininterval=0.5)
+
+    class Bar:
+        def update(self, row):
+            bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}",
+                            bucket=row["bucket"], plan=row["plan"], refresh=False)
+            bar.update(1)
+    try:
+        yield Bar()
+    finally:
+        bar.close()

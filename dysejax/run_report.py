@@ -6,8 +6,9 @@ read the same figures the CLI prints.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 
 def _gib(n: Optional[float]) -> str:
@@ -20,17 +21,18 @@ def remat_of(plan_id: str) -> str:
     return ",".join(dict.fromkeys(policies))
 
 
-def plan_rows(warmup_report: Sequence[dict], predicted: Optional[dict] = None) -> list[dict]:
+def plan_rows(warmup_report: Sequence[dict], predicted: Optional[Callable[[int, int, str], Optional[int]]] = None
+              ) -> list[dict]:
     """One row per bucket: the train program selected at warmup (plan, remat, XLA bytes per
     device, compile s) and the cost model's predicted bytes for it when known
-    (`predicted[(seq_len, plan_id)]`)."""
+    (`predicted(seq_len, batch_size, plan_id)`, None when unknown)."""
     rows = []
     for r in warmup_report:
         if r["kind"] != "train" or not r["selected"]:
             continue
         rows.append({"seq_len": r["seq_len"], "batch_size": r["batch_size"], "plan": r["plan"],
                      "remat": remat_of(r["plan"]), "xla_bytes": r["bytes_per_device"],
-                     "predicted_bytes": (predicted or {}).get((r["seq_len"], r["plan"])),
+                     "predicted_bytes": predicted(r["seq_len"], r["batch_size"], r["plan"]) if predicted else None,
                      "compile_s": r["compile_s"]})
     return sorted(rows, key=lambda r: r["seq_len"])
 
@@ -55,6 +57,19 @@ def format_step(row: dict, target: int) -> str:
     return (f"step {row['step']:>{width}}/{target}  bucket {row['bucket']:>5} x {row['batch_size']:<4} "
             f"plan {row['plan']:<14} loss {row['loss']:.4f}{ev}  tok/s {row['tokens_per_s']:>9,.0f}  "
             f"step {row['step_time_s']:.3f} s{mfu}")
+
+
+def eval_metrics(sums: dict[int, tuple[float, float]]) -> dict:
+    """Held-out loss and perplexity from per-bucket (loss sum, tokens), overall and per bucket:
+    {"eval_loss", "eval_ppl", "eval_tokens", "eval_loss_<L>", "eval_ppl_<L>", "eval_tokens_<L>", ...}."""
+    out = {}
+    for name, (total, count) in [("", [sum(v[i] for v in sums.values()) for i in (0, 1)])] + \
+            sorted((f"_{b}", v) for b, v in sums.items()):
+        if count:
+            out[f"eval_loss{name}"] = total / count
+            out[f"eval_ppl{name}"] = math.exp(min(total / count, 80.0))  # exp(80) ~ 5e34: not inf
+            out[f"eval_tokens{name}"] = int(count)
+    return out
 
 
 class BucketRates:

@@ -1,8 +1,12 @@
-"""Process-level JAX setup that must happen before the backend starts."""
+"""Process-level setup: simulated devices and the remat flag (before JAX's backend starts),
+joining a multi-process run, agreement between processes, stop signals, the persistent compile
+cache and the per-device memory budget."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import signal
 import socket
 import sys
 from typing import Optional
@@ -137,6 +141,26 @@ def agreed_signal(signum: Optional[int]) -> Optional[int]:
     from jax.experimental import multihost_utils
 
     return int(multihost_utils.process_allgather(np.int32(signum or 0)).max()) or None
+
+
+class _StopFlag:
+    signum: Optional[int] = None
+
+
+@contextlib.contextmanager
+def stop_signals():
+    """Turn SIGTERM/SIGINT into a flag (`.signum`) the loop checks after each step (main thread only)."""
+    flag = _StopFlag()
+    handled = (signal.SIGTERM, signal.SIGINT)
+    try:
+        previous = {s: signal.signal(s, lambda signum, frame: setattr(flag, "signum", signum)) for s in handled}
+    except ValueError:  # not the main thread: leave signals alone
+        previous = {}
+    try:
+        yield flag
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def enable_compilation_cache(directory: str) -> None:

@@ -7,6 +7,8 @@ holds the full parameters).
 """
 from __future__ import annotations
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -80,6 +82,13 @@ class StateLayout:
         def build(params):
             return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": self.optimizer.init(params)}
         return jax.jit(build, out_shardings=self.shardings)(params)
+
+    def bytes_per_device(self) -> int:
+        """Bytes one device holds of the parameters, their gradients and the optimizer state
+        (exact: each leaf's shard under its sharding)."""
+        def shard_bytes(tree):
+            return sum(math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(tree))
+        return 2 * shard_bytes(self.abstract["params"]) + shard_bytes(self.abstract["opt_state"])
 
     def init(self, seed: int):
         """A fresh state, created directly in the storage layout."""

@@ -13,7 +13,7 @@ import numpy as np
 
 from dysejax.config import load_config
 from dysejax.model.transformer import Transformer, init_params
-from dysejax.programs import batch_sharding
+from dysejax.batches import batch_sharding
 from dysejax.state import logical_axes
 from sharding.layout import StorageLayout
 from sharding.mesh import build_mesh

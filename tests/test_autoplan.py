@@ -52,7 +52,7 @@ def test_fitting_plans_compile_within_budget_and_match_prediction(capsys, tmp_pa
     plans = {b["seq_len"]: b for b in rep["buckets"]}
     assert all(b["fits"] for b in rep["buckets"])
     for s, b in plans.items():
-        program = trainer.programs.get("train", s, b["batch_size"], trainer.parse_plan(b["plan"]))
+        program = trainer.programs.get("train", s, b["batch_size"], trainer.planner.parse(b["plan"]))
         xla = program.bytes_per_device
         assert xla <= rep["memory_budget_bytes"], (s, b["plan"], xla)
         # uniform plans within 10%. A mixed plan is priced by the bound sum(stored) + max(peak)
@@ -65,8 +65,8 @@ def test_fitting_plans_compile_within_budget_and_match_prediction(capsys, tmp_pa
     short, long_ = plans[64], plans[256]
     assert short["plan"] != long_["plan"]
     planner, bs = trainer.planner, short["batch_size"]
-    t_short = planner.predict(64, bs, trainer.parse_plan(short["plan"]))[1]
-    t_long_plan = planner.predict(64, bs, trainer.parse_plan(long_["plan"]))[1]
+    t_short = planner.predict(64, bs, trainer.planner.parse(short["plan"]))[1]
+    t_long_plan = planner.predict(64, bs, trainer.planner.parse(long_["plan"]))[1]
     assert t_short < t_long_plan
 
 
@@ -94,7 +94,7 @@ def test_auto_falls_back_when_xla_says_over_budget(tmp_path, monkeypatch):
     monkeypatch.setattr(autoplan.AutoPlanner, "_search", wrong_first)
     gpu = "parallel.hardware=a100-80gb"  # priced for a GPU profile: no calibration needed here
     probe = _trainer(tmp_path, gpu)
-    tp_bytes = probe.programs.get("train", 64, probe.data.batch_size(64), probe.parse_plan("tp")).bytes_per_device
+    tp_bytes = probe.programs.get("train", 64, probe.data.batch_size(64), probe.planner.parse("tp")).bytes_per_device
     trainer = _trainer(tmp_path, gpu, f"parallel.memory_budget_gb={0.95 * tp_bytes / 2**30}", "data.buckets=[64]")
     trainer.warmup()
     program = trainer.program_for("train", 64, trainer.data.batch_size(64))

@@ -324,7 +324,7 @@ def test_plan_bytes_match_the_trainers_compiled_step(tmp_path, tiny_config):
     table = cost_table(spec, {"data": 8}, bs, 512, 4, cfg.model.vocab_size, hardware="a100-80gb", choices=choices)
     for written, per_layer, bound in (("dp", [0] * 4, 0.06), ("metp", [2] * 4, 0.06),
                                       ([["tp_sp", 2], ["metp", 2, "full"]], [1, 1, 3, 3], 0.12)):
-        xla = trainer.programs.get("train", 512, bs, trainer.parse_plan(written)).bytes_per_device
+        xla = trainer.programs.get("train", 512, bs, trainer.planner.parse(written)).bytes_per_device
         pred = table.plan_bytes_backward(per_layer)
         assert pred <= table.plan_bytes(per_layer)
         assert abs(pred - xla) / xla < bound, (written, pred, xla)

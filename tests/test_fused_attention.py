@@ -80,7 +80,7 @@ def test_local_attention_falls_back_to_blockwise_where_a_kernel_does_not_serve(k
 
 def test_auto_resolves_to_a_fused_kernel_on_gpu_only():
     import dysejax
-    from dysejax.trainer import with_attention_kernel
+    from dysejax.build import with_attention_kernel
     from tests.conftest import TINY
 
     cfg = lambda *o: dysejax.load_config(TINY, list(o))  # noqa: E731

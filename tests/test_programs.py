@@ -84,7 +84,7 @@ def test_plan_mapping_errors(tiny_config, tmp_path):
     with pytest.raises(dysejax.ConfigError, match="parallel.plan: no plan for bucket 128: add `128: <plan>` or a `default` entry"):
         dysejax.Trainer(tiny_config("parallel.plan={64: dp}"), workdir=str(tmp_path))
     t = dysejax.Trainer(tiny_config("parallel.plan={64: tp, default: fsdp}"), workdir=str(tmp_path))
-    assert [p.id for p in t.plans.candidates(128)] == ["fsdp"]
+    assert [p.id for p in t.planner.candidates(128)] == ["fsdp"]
 
 
 def test_warmup_only_cli_fills_the_persistent_cache(tmp_path):

@@ -23,7 +23,7 @@ from costmodel.hlo import collective_bytes
 import dysejax
 import dysejax.step
 from dysejax.config import TrainConfig
-from dysejax.programs import abstract_batch, batch_sharding
+from dysejax.batches import abstract_batch, batch_sharding
 from dysejax.step import loss_sums, make_train_step
 from tests.conftest import FAST, TINY
 
@@ -42,8 +42,7 @@ def _config(*extra):
 
 
 def _plan(trainer, bucket=BUCKET):
-    plans = getattr(trainer, "plans", None)
-    return plans.candidates(bucket)[0] if plans is not None else trainer.plan
+    return trainer.planner.candidates(bucket)[0]
 
 
 def _losses(rows):
