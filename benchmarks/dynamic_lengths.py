@@ -130,7 +130,7 @@ def time_model(trainer, result: dict) -> None:
         for b, row in r["per_bucket"].items():
             if row.get("step_s") and row.get("plan"):
                 programs.setdefault((b, row["plan"]), row["step_s"])
-    rows = []
+    rows, per_strategy = [], {}
     for (b, pid), measured in sorted(programs.items(), key=lambda kv: (int(kv[0][0]), kv[0][1])):
         plan = plan_from_id(pid, trainer.config.model.n_layers)
         s = int(b)
@@ -138,11 +138,8 @@ def time_model(trainer, result: dict) -> None:
         fitted = any(s in timed_at.get(f"{run.strategy}@{run.remat or default}", ()) for run in plan.runs)
         rows.append({"bucket": s, "plan": pid, "measured_s": measured, "predicted_s": predicted,
                      "error": predicted / measured - 1, "held_out": not fitted})
-    per_strategy = {}
-    for row in rows:
-        plan = plan_from_id(row["plan"], trainer.config.model.n_layers)
-        if row["held_out"] and len(plan.strategies()) == 1:
-            per_strategy.setdefault(plan.strategies()[0], []).append(abs(row["error"]))
+        if not fitted and len(plan.strategies()) == 1:
+            per_strategy.setdefault(plan.strategies()[0], []).append(abs(predicted / measured - 1))
     ranking = {}
     for b in sorted({row["bucket"] for row in rows}):
         here = [row for row in rows if row["bucket"] == b]
