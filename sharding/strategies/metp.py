@@ -19,22 +19,13 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from sharding.mesh import mesh_roles
 from sharding.ops import blocks
-from sharding.ops.metp import BROADCASTS, Ring, metp_attention, metp_attention_autodiff, metp_mlp, mlp_ring_forward
+from sharding.ops.metp import metp_attention, metp_mlp
+from sharding.ops.ring import Ring
 from sharding.strategies.base import Strategy, batch_entry, model_entry, model_size
 
 
 class MemoryEfficientTensorParallel(Strategy):
-    """`broadcast` picks how a head group's weights reach every device ("psum": one masked
-    all-reduce per group, the default; "ring": p - 1 ring hops). `hand_backward=False` runs
-    autodiff through the rings instead (for memory comparisons only)."""
-
     name = "metp"
-
-    def __init__(self, broadcast: str = "psum", hand_backward: bool = True):
-        if broadcast not in BROADCASTS:
-            raise ValueError(f"metp: broadcast must be one of {BROADCASTS}, got {broadcast!r}")
-        self.broadcast = broadcast
-        self.hand_backward = hand_backward
 
     def boundary_spec(self, mesh: Mesh) -> P:
         return P(batch_entry(mesh), model_entry(mesh), None)
@@ -49,14 +40,13 @@ class MemoryEfficientTensorParallel(Strategy):
 
     def ring(self, mesh: Mesh) -> Ring:
         batch_axes, axes = mesh_roles(mesh)
-        return Ring(axis=axes, size=model_size(mesh), batch_axes=batch_axes)
+        return Ring.over(mesh, axes, batch_axes)
 
     def attention(self, w, x, segment_ids, positions, spec, mesh):
         self.check(spec, mesh, x.shape[0], x.shape[1])
-        kernel = metp_attention if self.hand_backward else metp_attention_autodiff
         m, act, tokens = model_entry(mesh), self.boundary_spec(mesh), self.token_spec(mesh)
         specs = {"wq": P(None, m, None), "wkv": P(None, None, m, None), "wo": P(m, None, None)}
-        fn = jax.shard_map(partial(kernel, spec=spec, ring=self.ring(mesh), broadcast=self.broadcast),
+        fn = jax.shard_map(partial(metp_attention, spec=spec, ring=self.ring(mesh)),
                            mesh=mesh, in_specs=(act, tokens, tokens, specs), out_specs=act)
         w = blocks.attention_weights(w)
         w["wkv"] = blocks.kv_heads_for_group(w["wkv"], model_size(mesh))  # whole K/V heads per group
@@ -65,8 +55,7 @@ class MemoryEfficientTensorParallel(Strategy):
 
     def mlp(self, w, x, spec, mesh):
         self.check(spec, mesh, x.shape[0], x.shape[1])
-        kernel = metp_mlp if self.hand_backward else mlp_ring_forward
         m, act = model_entry(mesh), self.boundary_spec(mesh)
-        fn = jax.shard_map(partial(kernel, spec=spec, ring=self.ring(mesh)), mesh=mesh,
+        fn = jax.shard_map(partial(metp_mlp, spec=spec, ring=self.ring(mesh)), mesh=mesh,
                            in_specs=(act, P(None, None, m), P(m, None)), out_specs=act)
         return fn(x, w["w_in"].astype(spec.dtype), w["w_out"].astype(spec.dtype))
