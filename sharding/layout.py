@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from sharding.mesh import STAGE_AXIS, mesh_roles
@@ -100,9 +99,3 @@ class StorageLayout:
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, P())
 
-
-def tree_shardings(layout: StorageLayout, logical_tree, shape_tree):
-    """Shardings for a tree of arrays given a matching tree of logical-axis tuples (or None)."""
-    return jax.tree.map(
-        lambda names, x: layout.sharding(names or (), x.shape),
-        logical_tree, shape_tree, is_leaf=lambda n: n is None or isinstance(n, tuple))

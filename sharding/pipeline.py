@@ -40,6 +40,7 @@ from sharding.layout import StorageLayout
 from sharding.mesh import STAGE_AXIS, mesh_roles
 from sharding.ops import blocks
 from sharding.ops.blocks import BlockSpec, rms_norm
+from sharding.ops.varying import vary, varying_axes
 from sharding.plan import Plan
 from sharding.stack import REMAT_POLICIES, layer_forward, layer_weight_shapes
 from sharding.strategies.base import axes_entry, token_cross_entropy
@@ -186,14 +187,8 @@ def micro_batches(x, m: int):
 
 
 def _missing(x, axes):
-    have = jax.typeof(x).manual_axis_type.varying
+    have = varying_axes(x)
     return tuple(a for a in axes if a not in have)
-
-
-def _vary(x, axes):
-    """x marked as varying over `axes`, so that gradients stay per-device partial sums."""
-    missing = _missing(x, axes)
-    return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
 def _psum(x, axes):
@@ -201,7 +196,7 @@ def _psum(x, axes):
 
 
 def _zeros_like(x):
-    return _vary(jnp.zeros(x.shape, x.dtype), tuple(jax.typeof(x).manual_axis_type.varying))
+    return vary(jnp.zeros(x.shape, x.dtype), varying_axes(x))
 
 
 def _at(xs, i):
@@ -283,8 +278,8 @@ class _Schedule:
         """Local stage weights (leading stage dim dropped) and the stage's layer count; params
         varying over every axis, so each tick's gradients stay partial until one final psum."""
         s = jax.lax.axis_index(STAGE_AXIS)
-        w = jax.tree.map(lambda a: _vary(a[0], self.axes), w)
-        return w, _vary(final_norm, self.axes), _vary(head, self.axes), s, jnp.asarray(self.parts)[s]
+        w = jax.tree.map(lambda a: vary(a[0], self.axes), w)
+        return w, vary(final_norm, self.axes), vary(head, self.axes), s, jnp.asarray(self.parts)[s]
 
     def gpipe(self, w, final_norm, head, xs, segs, poss, targets, masks):
         """Forward ticks with the loss on the last stage; differentiated by autodiff."""
@@ -301,8 +296,8 @@ class _Schedule:
             ls, cnt = loss(y, final_norm, head, _at(targets, i), _at(masks, i))
             return (_shift(y, p, 1), loss_sum + jnp.where(take, ls, 0.0), count + jnp.where(take, cnt, 0.0)), None
 
-        zero = _vary(jnp.zeros((), jnp.float32), self.axes)
-        init = (_vary(jnp.zeros(xs.shape[1:], xs.dtype), self.axes), zero, zero)
+        zero = vary(jnp.zeros((), jnp.float32), self.axes)
+        init = (vary(jnp.zeros(xs.shape[1:], xs.dtype), self.axes), zero, zero)
         (_, loss_sum, count), _ = jax.lax.scan(tick, init, jnp.arange(m + p - 1))
         return jax.lax.psum(loss_sum, self.axes), jax.lax.psum(count, self.axes)
 
@@ -342,11 +337,11 @@ class _Schedule:
                      loss_sum + jnp.where(take, ls, 0.0), count + jnp.where(take, cnt, 0.0))
             return carry, None
 
-        x0 = _vary(jnp.zeros(xs.shape[1:], xs.dtype), self.axes)
-        zero = _vary(jnp.zeros((), jnp.float32), self.axes)
-        init = (x0, x0, _vary(jnp.zeros((k, n_slots, *xs.shape[1:]), xs.dtype), self.axes),
+        x0 = vary(jnp.zeros(xs.shape[1:], xs.dtype), self.axes)
+        zero = vary(jnp.zeros((), jnp.float32), self.axes)
+        init = (x0, x0, vary(jnp.zeros((k, n_slots, *xs.shape[1:]), xs.dtype), self.axes),
                 jax.tree.map(_zeros_like, (w, final_norm, head)),
-                _vary(jnp.zeros(xs.shape, xs.dtype), self.axes), zero, zero)
+                vary(jnp.zeros(xs.shape, xs.dtype), self.axes), zero, zero)
         (_, _, _, grads, dxs, loss_sum, count), _ = jax.lax.scan(tick, init, jnp.arange(m + 2 * p - 2))
         # one reduction per gradient, over the axes its parameter is shared on
         shared = (jax.tree.map(lambda a: a[0], params[0]), params[1], params[2])

@@ -2,7 +2,12 @@
 
 The weights of all layers form one tree with a leading layers axis, in the unified storage
 layout; a plan slices it into runs, and each run executes under one `lax.scan` with its remat
-policy and its strategy's attention and MLP.
+policy and its strategy's attention and MLP. The final norm and the loss head follow the stack.
+
+The stack owns the one platform workaround (`sharding.ops.ordering`): on a mesh whose platform
+starts independent collectives in any order (XLA:CPU), each run's and each sub-layer's weights,
+the final norm and the head are tied to the activation stream, so their collectives follow the
+previous ones on every device.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from jax.sharding import Mesh
 
 from sharding import layout as L
 from sharding.ops.blocks import BlockSpec, rms_norm
-from sharding.ops.ordering import tie
+from sharding.ops.ordering import Ordering
 from sharding.plan import Plan
 from sharding.strategies import get_strategy
 
@@ -39,14 +44,13 @@ def layer_forward(strategy, spec: BlockSpec, mesh: Mesh, w, x, segment_ids, posi
 
     ordered: each sub-layer's weights are tied to its input (`sharding.ops.ordering`), so their
     gathers follow the previous sub-layer's collectives on XLA:CPU (False inside shard_map)."""
-    if ordered:
-        attn, x = tie({k: w[k] for k in ATTENTION_WEIGHTS}, x)
-        w = dict(w, **attn)
+    order = Ordering.for_mesh(mesh) if ordered else Ordering()
+    attn, x = order.tie({k: w[k] for k in ATTENTION_WEIGHTS}, x)
+    w = dict(w, **attn)
     h = rms_norm(x, w["attn_norm"], spec.norm_eps)
     x = x + strategy.attention(w, h, segment_ids, positions, spec, mesh)
-    if ordered:
-        mlp, x = tie({k: v for k, v in w.items() if k not in ATTENTION_WEIGHTS}, x)
-        w = dict(w, **mlp)
+    mlp, x = order.tie({k: v for k, v in w.items() if k not in ATTENTION_WEIGHTS}, x)
+    w = dict(w, **mlp)
     h = rms_norm(x, w["mlp_norm"], spec.norm_eps)
     return x + strategy.mlp(w, h, spec, mesh)
 
@@ -54,11 +58,11 @@ def layer_forward(strategy, spec: BlockSpec, mesh: Mesh, w, x, segment_ids, posi
 def run_layers(plan: Plan, stacked, x, segment_ids, positions, spec: BlockSpec, mesh: Mesh,
                default_remat: str = "none", scan: bool = True):
     """Apply the plan's runs to the stacked layer weights in order."""
-    start = 0
+    order, start = Ordering.for_mesh(mesh), 0
     for run in plan.runs:
         strategy = get_strategy(run.strategy)
         weights = jax.tree.map(lambda p: p[start:start + run.n_layers], stacked)
-        weights, x = tie(weights, x)  # this run's weight collectives after the previous run's
+        weights, x = order.tie(weights, x)  # this run's weight collectives after the previous run's
         weights = strategy.run_weights(weights, mesh)
         x, seg, pos = strategy.enter(x, segment_ids, positions, mesh)
         body = partial(layer_forward, strategy, spec, mesh)
@@ -72,3 +76,19 @@ def run_layers(plan: Plan, stacked, x, segment_ids, positions, spec: BlockSpec, 
                 x = body(jax.tree.map(lambda p: p[i], weights), x, seg, pos)
         start += run.n_layers
     return x
+
+
+def final_hidden(plan: Plan, stacked, final_norm, x, segment_ids, positions, spec: BlockSpec, mesh: Mesh,
+                 default_remat: str = "none", scan: bool = True):
+    """The plan's layers, then the final RMSNorm: hidden states [B, S, D] in the last strategy's
+    boundary layout."""
+    x = run_layers(plan, stacked, x, segment_ids, positions, spec, mesh, default_remat, scan)
+    final_norm, x = Ordering.for_mesh(mesh).tie(final_norm, x)  # its gradient's all-reduce before the layers' backward
+    return rms_norm(x, final_norm, spec.norm_eps)
+
+
+def head_loss(plan: Plan, x, head, targets, loss_mask, mesh: Mesh):
+    """(sum of token NLLs, loss tokens) of final hidden states and the [D, V] head, computed by
+    the plan's last strategy."""
+    head, x = Ordering.for_mesh(mesh).tie(head, x)  # the head's collectives after the layers'
+    return get_strategy(plan.runs[-1].strategy).loss_sums(x, head, targets, loss_mask, mesh)

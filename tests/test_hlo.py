@@ -31,14 +31,14 @@ def test_unordered_collectives_are_found_and_a_barrier_orders_them():
     """Two all-gathers of independent inputs are unordered; tied through a barrier they are not."""
     from jax.sharding import NamedSharding
 
-    from sharding.ops.ordering import tie
+    from sharding.ops.ordering import Ordering
     mesh = build_mesh({"data": 8})
     sh = NamedSharding(mesh, P("data"))
 
     def gathers(a, b, order):
         ga = jax.lax.with_sharding_constraint(a * 2, NamedSharding(mesh, P()))
         if order:
-            ga, b = tie(ga, b)
+            ga, b = Ordering.for_mesh(mesh).tie(ga, b)
         gb = jax.lax.with_sharding_constraint(b * 3, NamedSharding(mesh, P()))
         return ga.sum() + gb.sum()
 

@@ -13,13 +13,13 @@ from sharding.stack import layer_forward, layer_weight_shapes
 from sharding.layout import StorageLayout
 from sharding.mesh import build_mesh
 from sharding.ops import blocks
-from sharding.ops.attention import dense_attention
 from sharding.ops.blocks import BlockSpec
-from sharding.ops.metp import chunk_index, metp_attention, metp_mlp, ring_attention
+from sharding.ops.metp import metp_attention, metp_mlp
 from sharding.strategies import StrategyShapeError
 from sharding.strategies.base import batch_entry, model_entry
 from sharding.strategies.metp import MemoryEfficientTensorParallel
 from tests.reference import check_against_reference, packed_batch, relative_error
+from tests.ring_reference import broadcast_ring, metp_attention_autodiff, metp_mlp_autodiff
 
 MESHES = [{"data": 8}, {"data": 2, "model": 4}]
 TOL = 2e-6
@@ -74,29 +74,6 @@ def test_mlp_ring_matches_plain(axes, gated, activation):
     _assert_close(f"metp mlp ring {axes} gated={gated}", got, want)
 
 
-def _packed_qkv(batch, seq, heads, dim, seed=2):
-    rng = np.random.default_rng(seed)
-    q, k, v, ct = (jnp.asarray(rng.normal(size=(batch, seq, heads, dim)), jnp.float32) for _ in range(4))
-    data = packed_batch(batch, seq, seed)
-    return q, k, v, ct, jnp.asarray(data["segment_ids"]), jnp.asarray(data["positions"])
-
-
-@pytest.mark.parametrize("tile", [None, 5])
-def test_ring_attention_matches_dense(tile):
-    mesh, ring, b, m = _setup({"data": 8})
-    q, k, v, ct, seg, _ = _packed_qkv(2, 64, 4, 8)
-
-    def local(q, k, v, seg):
-        return ring_attention(q, k, v, seg, chunk_index(seg.shape, ring), ring, tile)
-
-    x4, tok = P(b, m, None, None), P(b, m)
-    ring_fn = jax.shard_map(local, mesh=mesh, in_specs=(x4, x4, x4, tok), out_specs=x4)
-    got = _value_and_grads(lambda q, k, v: ring_fn(q, k, v, seg), ct, q, k, v)
-    want = _value_and_grads(lambda q, k, v: dense_attention(q, k, v, q_segment_ids=seg, kv_segment_ids=seg),
-                            ct, q, k, v)
-    _assert_close(f"ring attention tile={tile}", got, want)
-
-
 @pytest.mark.parametrize("axes,broadcast", [({"data": 8}, "psum"), ({"data": 8}, "ring"),
                                             ({"data": 2, "model": 4}, "psum")])
 def test_metp_attention_matches_plain(axes, broadcast):
@@ -110,7 +87,8 @@ def test_metp_attention_matches_plain(axes, broadcast):
          "wkv": jnp.asarray(rng.normal(size=(32, 2, 8, 4)) / 5, jnp.float32),
          "wo": jnp.asarray(rng.normal(size=(8, 4, 32)) / 5, jnp.float32)}
     act, tok = P(b, m, None), P(b, m)
-    kernel = partial(metp_attention, spec=spec, ring=ring, broadcast=broadcast)
+    kernel = (partial(metp_attention, spec=spec, ring=ring) if broadcast == "psum" else  # ring: by autodiff
+              partial(metp_attention_autodiff, spec=spec, ring=ring, fetch_group=broadcast_ring))
     specs = {"wq": P(None, m, None), "wkv": P(None, None, m, None), "wo": P(m, None, None)}
     ring_attn = jax.shard_map(kernel, mesh=mesh, in_specs=(act, tok, tok, specs), out_specs=act)
     got = _value_and_grads(lambda x, w: ring_attn(x, seg, pos, w), ct, x, w)
@@ -186,11 +164,30 @@ def collectives(hlo: str):
     return out
 
 
+def _kernel_layer_bytes(attention, mlp, spec: BlockSpec, axes, batch: int, seq: int) -> int:
+    """Per-device bytes of one layer's fwd + bwd (x + attention, then + MLP) built from METP kernels."""
+    mesh, ring, b, m = _setup(axes)
+    act, tok = P(b, m, None), P(b, m)
+    specs = {"wq": P(None, m, None), "wkv": P(None, None, m, None), "wo": P(m, None, None),
+             "w_in": P(None, None, m), "w_out": P(m, None)}
+
+    def local(w, x, seg, pos):
+        x = x + attention(x, seg, pos, blocks.attention_weights(w), spec, ring)
+        return x + mlp(x, w["w_in"], w["w_out"], spec, ring)
+
+    layer = jax.shard_map(local, mesh=mesh, in_specs=(specs, act, tok, tok), out_specs=act)
+    shapes = layer_weight_shapes(spec)
+    w = {n: jax.ShapeDtypeStruct(shapes[n][0], jnp.float32, sharding=NamedSharding(mesh, specs[n])) for n in specs}
+    x = jax.ShapeDtypeStruct((batch, seq, spec.d_model), jnp.float32, sharding=NamedSharding(mesh, act))
+    ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=NamedSharding(mesh, tok))
+    grad = jax.grad(lambda w, x, seg, pos: jnp.sum(layer(w, x, seg, pos) ** 2), argnums=(0, 1))
+    return device_bytes(jax.jit(grad).lower(w, x, ids, ids).compile())
+
+
 def test_hand_backward_uses_less_memory_than_autodiff():
     spec = BlockSpec(n_heads=8, head_dim=32, d_model=256, d_ff=1024, attention="blockwise", attention_block=256)
-    mesh = build_mesh({"data": 8})
-    hand = device_bytes(compile_layer(MemoryEfficientTensorParallel(), spec, mesh, 1, 2048))
-    auto = device_bytes(compile_layer(MemoryEfficientTensorParallel(hand_backward=False), spec, mesh, 1, 2048))
+    hand = _kernel_layer_bytes(metp_attention, metp_mlp, spec, {"data": 8}, 1, 2048)
+    auto = _kernel_layer_bytes(metp_attention_autodiff, metp_mlp_autodiff, spec, {"data": 8}, 1, 2048)
     print(f"\nmetp one layer fwd+bwd, d=256 s=2048 p=8, per device: hand backward {hand / 2**20:.2f} MiB, "
           f"autodiff {auto / 2**20:.2f} MiB")
     assert 2 * hand < auto, (hand, auto)
@@ -216,18 +213,27 @@ def test_hlo_moves_only_blocks(axes):
 
 
 def test_group_broadcast_psum_vs_ring():
-    """Both ways of sending a head group's weights compile; print their collectives and memory."""
+    """Both ways of sending a head group's weights compile (forward); print their collectives and memory."""
     spec = BlockSpec(n_heads=8, head_dim=32, d_model=256, d_ff=1024, attention="blockwise", attention_block=256)
-    mesh = build_mesh({"data": 8})
+    mesh, ring, b, m = _setup({"data": 8})
     group_bytes = 4 * spec.d_model * spec.n_heads * spec.head_dim * 4 // 8  # wq_j + wkv_j + wo_j
+    act, tok = P(b, m, None), P(b, m)
+    specs = {"wq": P(None, m, None), "wkv": P(None, None, m, None), "wo": P(m, None, None)}
+    shapes = layer_weight_shapes(spec)
+    w = {n: jax.ShapeDtypeStruct(shapes[n][0], jnp.float32, sharding=NamedSharding(mesh, specs[n])) for n in specs}
+    x = jax.ShapeDtypeStruct((1, 2048, spec.d_model), jnp.float32, sharding=NamedSharding(mesh, act))
+    ids = jax.ShapeDtypeStruct((1, 2048), jnp.int32, sharding=NamedSharding(mesh, tok))
     figures = {}
-    for broadcast in ("psum", "ring"):
-        compiled = compile_layer(MemoryEfficientTensorParallel(broadcast=broadcast), spec, mesh, 1, 2048)
+    for broadcast, fetch in (("psum", None), ("ring", broadcast_ring)):
+        kernel = partial(metp_attention_autodiff, spec=spec, ring=ring, **({} if fetch is None else {"fetch_group": fetch}))
+        fn = jax.shard_map(lambda x, seg, pos, w, kernel=kernel: kernel(x, seg, pos, blocks.attention_weights(w)),
+                           mesh=mesh, in_specs=(act, tok, tok, specs), out_specs=act)
+        compiled = jax.jit(fn).lower(x, ids, ids, w).compile()
         ops = collectives(compiled.as_text())
         group_ops = [(kind, sizes) for kind, sizes in ops if group_bytes // 2 in sizes]  # wkv_j
         figures[broadcast] = device_bytes(compiled)
-        print(f"\nbroadcast={broadcast}: {figures[broadcast] / 2**20:.2f} MiB per device; HLO ops moving a "
-              f"group block ({group_bytes} B): " + ", ".join(sorted({k for k, _ in group_ops})) +
+        print(f"\nbroadcast={broadcast}: {figures[broadcast] / 2**20:.2f} MiB per device (forward); HLO ops moving "
+              f"a group block ({group_bytes} B): " + ", ".join(sorted({k for k, _ in group_ops})) +
               f" x{len(group_ops)} call sites")
         expected = "all-reduce" if broadcast == "psum" else "collective-permute"
         assert any(kind == expected for kind, _ in group_ops), (broadcast, group_ops)

@@ -9,9 +9,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from sharding.mesh import build_mesh
 from sharding.ops import dense_attention
 from sharding.ops.blocks import BlockSpec
-from sharding.ops.ring_attention import ring_attention, ring_attention_autodiff
+from sharding.ops.ring_attention import chunk_index, ring_attention
 from sharding.strategies import StrategyShapeError, get_strategy
 from tests.reference import check_against_reference, packed_batch, relative_error
+from tests.ring_reference import ring_attention_autodiff
 
 
 # -- whole training step vs the reference ---------------------------------------------------------
@@ -127,7 +128,9 @@ def _grad_temp_bytes(kernel, *, S=2048, B=1, H=8, D=64):
     spec4, spec2 = P(None, "data", None, None), P(None, "data")
 
     def local(q, k, v, seg):
-        return kernel(q, k, v, axis_name="data", axis_size=8, q_segment_ids=seg, kv_segment_ids=seg)
+        index = chunk_index(B, S // 8, "data")
+        return kernel(q, k, v, axis_name="data", axis_size=8, q_segment_ids=seg, kv_segment_ids=seg,
+                      q_index=index, kv_index=index)
 
     sm = jax.shard_map(local, mesh=mesh, in_specs=(spec4, spec4, spec4, spec2), out_specs=spec4,
                        check_vma=True)

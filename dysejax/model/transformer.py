@@ -16,11 +16,10 @@ from jax.sharding import Mesh
 
 from dysejax.config import ModelConfig
 from sharding import layout as L
-from sharding.ops.blocks import BlockSpec, rms_norm
+from sharding.ops.blocks import BlockSpec
 from sharding.ops.rope import RopeScaling
-from sharding.ops.ordering import tie
 from sharding.plan import Plan
-from sharding.stack import layer_weight_shapes, run_layers
+from sharding.stack import final_hidden, head_loss, layer_weight_shapes
 from sharding.strategies import get_strategy
 
 
@@ -78,10 +77,8 @@ class Transformer(nn.Module):
         """Final-normed hidden states [B, S, D], in the last strategy's boundary layout."""
         cfg, spec = self.cfg, block_spec(self.cfg)
         x = get_strategy(plan.runs[0].strategy).embed(self.embed, inputs, mesh).astype(spec.dtype)
-        x = run_layers(plan, self.layers, x, segment_ids, positions, spec, mesh,
-                       default_remat=cfg.remat, scan=cfg.scan_layers)
-        norm, x = tie(self.final_norm, x)  # its gradient's all-reduce before the layers' backward
-        return rms_norm(x, norm, cfg.norm_eps)
+        return final_hidden(plan, self.layers, self.final_norm, x, segment_ids, positions, spec, mesh,
+                            default_remat=cfg.remat, scan=cfg.scan_layers)
 
     def head(self):
         """The [D, V] output projection (the embedding's transpose when tied)."""
@@ -90,8 +87,7 @@ class Transformer(nn.Module):
     def __call__(self, inputs, segment_ids, positions, targets, loss_mask, *, plan: Plan, mesh: Mesh):
         """(sum of token NLLs, number of loss tokens), the loss computed by the last strategy."""
         x = self.hidden(inputs, segment_ids, positions, plan=plan, mesh=mesh)
-        head, x = tie(self.head(), x)  # the head's collectives after the layers' (sharding.ops.ordering)
-        return get_strategy(plan.runs[-1].strategy).loss_sums(x, head, targets, loss_mask, mesh)
+        return head_loss(plan, x, self.head(), targets, loss_mask, mesh)
 
     def logits(self, inputs, segment_ids, positions, *, plan: Plan, mesh: Mesh):
         """float32 logits [B, S, V] (for inspection and tests; training uses `__call__`)."""

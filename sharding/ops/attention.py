@@ -123,7 +123,7 @@ def blockwise_attention(
     O(S·D + bq·bk) per (batch, head) instead of O(S·Skv). Tiles whose mask is entirely False
     (above the causal diagonal, other documents, padding) are skipped with ``lax.cond``; this
     stays O(S·D + bq·bk) inside a differentiated layer ``lax.scan`` too (see
-    ``online_softmax._tie``: the masks are not hoisted out of the scan as stacked residuals).
+    ``online_softmax.tie_ids``: the masks are not hoisted out of the scan as stacked residuals).
     Lengths that are not multiples of the tile sizes are padded internally (segment id 0)
     and sliced back.
     """

@@ -37,7 +37,7 @@ for them (forward or under autodiff of ``attend_block``).
 visiting block is then processed in (bq x bk) tiles by lax.scan (fully masked tiles skipped
 with lax.cond), so scratch is O(bq * bk) instead of O(Sq * Skv). Everything type-checks inside
 ``shard_map(check_vma=True)`` (fresh scan carries are pcast to the inputs' varying axes).
-The ids pass an ``optimization_barrier`` with the data (``_tie``) so that, inside a
+The ids pass an ``optimization_barrier`` with the data (``tie_ids``) so that, inside a
 differentiated layer scan, the masks / skip predicates are not hoisted out of the loop as
 loop-invariant residuals (which would stack one mask per tile: O(Sq * Skv) memory).
 """
@@ -49,6 +49,8 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from sharding.ops.varying import vary, varying_axes
 
 _F32 = jnp.float32
 
@@ -235,30 +237,7 @@ def _from_tiles(x, length):
     return x[:, :length] if x.shape[1] != length else x
 
 
-def _varying_axes(*trees):
-    """Manual mesh axes (inside shard_map) over which any leaf varies; () outside shard_map."""
-    axes = set()
-    for x in jax.tree.leaves(trees):
-        mat = getattr(jax.typeof(x), "manual_axis_type", None)
-        axes |= set(getattr(mat, "varying", ()) or ())
-    return tuple(sorted(axes))
-
-
-def _pvary(tree, axes):
-    """Mark fresh constants as varying over ``axes`` so scan carries / cond branches type-check
-    under ``shard_map(check_vma=True)``; a no-op outside shard_map."""
-    if not axes:
-        return tree
-
-    def one(x):
-        have = getattr(getattr(jax.typeof(x), "manual_axis_type", None), "varying", ())
-        missing = tuple(a for a in axes if a not in have)
-        return lax.pcast(x, missing, to="varying") if missing else x
-
-    return jax.tree.map(one, tree)
-
-
-def _tie(ids, data, axes):
+def tie_ids(ids, data, axes):
     """``ids`` returned through an ``optimization_barrier`` together with ``data``.
 
     The mask of every tile (and the skip predicate of its ``lax.cond``) is a function of the ids
@@ -276,7 +255,7 @@ def _tie(ids, data, axes):
     if not present:
         return tuple(ids)
     anchors = tuple(lax.stop_gradient(x) for x in jax.tree.leaves(data))
-    tied, _ = lax.optimization_barrier((_pvary(present, axes), _pvary(anchors, axes)))
+    tied, _ = lax.optimization_barrier((vary(present, axes), vary(anchors, axes)))
     tied = iter(tied)
     return tuple(None if x is None else next(tied) for x in ids)
 
@@ -302,9 +281,9 @@ def attend_tiled(carry: Carry, q, k, v, ids, *, causal: bool, scale: float, bq=N
     Sq, Skv = q.shape[1], k.shape[1]
     bq, bk = _tile_size(bq, Sq), _tile_size(bk, Skv)
     sq_p, skv_p = -(-Sq // bq) * bq, -(-Skv // bk) * bk
-    axes = _varying_axes(carry, q, k, v, ids)
-    carry = _pvary(carry, axes)
-    qseg, kseg, qidx, kidx = _tie(ids, (carry, q, k, v), axes)
+    axes = varying_axes(carry, q, k, v, ids)
+    carry = vary(carry, axes)
+    qseg, kseg, qidx, kidx = tie_ids(ids, (carry, q, k, v), axes)
     kt = tuple(_to_tiles(_pad_seq(x, skv_p), bk) for x in (k, v, kseg, kidx))
     qt = tuple(_to_tiles(_pad_seq(x, sq_p), bq) for x in (q, qseg, qidx))
     ct = (
@@ -321,7 +300,7 @@ def attend_tiled(carry: Carry, q, k, v, ids, *, causal: bool, scale: float, bq=N
             mask = _tile_mask(qs, ks, qi, ki, causal)
             c = lax.cond(
                 jnp.any(mask),
-                lambda c: _pvary(attend_block_masked(c, qb, kb, vb, mask, scale), axes),
+                lambda c: vary(attend_block_masked(c, qb, kb, vb, mask, scale), axes),
                 lambda c: c,
                 c,
             )
@@ -340,8 +319,8 @@ def grads_tiled(q, k, v, lse, dout, delta, ids, *, causal: bool, scale: float, b
     Sq, Skv = q.shape[1], k.shape[1]
     bq, bk = _tile_size(bq, Sq), _tile_size(bk, Skv)
     sq_p, skv_p = -(-Sq // bq) * bq, -(-Skv // bk) * bk
-    axes = _varying_axes(q, k, v, lse, dout, delta, ids)
-    qseg, kseg, qidx, kidx = _tie(ids, (q, k, v, lse, dout, delta), axes)
+    axes = varying_axes(q, k, v, lse, dout, delta, ids)
+    qseg, kseg, qidx, kidx = tie_ids(ids, (q, k, v, lse, dout, delta), axes)
     kt = tuple(_to_tiles(_pad_seq(x, skv_p), bk) for x in (k, v, kseg, kidx))
     qt = tuple(
         _to_tiles(_pad_seq(x, sq_p, val), bq)
@@ -357,11 +336,11 @@ def grads_tiled(q, k, v, lse, dout, delta, ids, *, causal: bool, scale: float, b
 
             def skip(_):
                 z = jnp.zeros(kb.shape, _F32)
-                return _pvary((jnp.zeros(qb.shape, _F32), z, z), axes)
+                return vary((jnp.zeros(qb.shape, _F32), z, z), axes)
 
             dq_p, dk_b, dv_b = lax.cond(
                 jnp.any(mask),
-                lambda _: _pvary(
+                lambda _: vary(
                     block_grads_masked(qb, kb, vb, lseb, dob, deltab, mask, scale), axes
                 ),
                 skip,
@@ -369,11 +348,11 @@ def grads_tiled(q, k, v, lse, dout, delta, ids, *, causal: bool, scale: float, b
             )
             return dq + dq_p, (dk_b, dv_b)
 
-        dq0 = _pvary(jnp.zeros(qb.shape, _F32), axes)
+        dq0 = vary(jnp.zeros(qb.shape, _F32), axes)
         dq, (dk_b, dv_b) = lax.scan(k_step, dq0, kt)
         return (acc[0] + dk_b, acc[1] + dv_b), dq
 
-    zeros = _pvary(jnp.zeros(kt[0].shape, _F32), axes)
+    zeros = vary(jnp.zeros(kt[0].shape, _F32), axes)
     (dk, dv), dq = lax.scan(q_step, (zeros, zeros), qt)
     return _from_tiles(dq, Sq), _from_tiles(dk, Skv), _from_tiles(dv, Skv)
 
@@ -424,7 +403,7 @@ def attend_block(
             carry, q, k, v, ids, causal=causal, scale=scale, bq=q_block_size, bk=kv_block_size
         )
     data, ids = (carry, q, k, v), (q_segment_ids, kv_segment_ids, q_index, kv_index)
-    q_segment_ids, kv_segment_ids, q_index, kv_index = _tie(ids, data, _varying_axes(data, ids))
+    q_segment_ids, kv_segment_ids, q_index, kv_index = tie_ids(ids, data, varying_axes(data, ids))
     mask = make_mask(
         q.shape[1], k.shape[1], q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
         q_index=q_index, kv_index=kv_index, causal=causal,
@@ -487,25 +466,9 @@ def block_grads(
             bq=q_block_size, bk=kv_block_size,
         )
     data, ids = (q, k, v, lse, dout, delta), (q_segment_ids, kv_segment_ids, q_index, kv_index)
-    q_segment_ids, kv_segment_ids, q_index, kv_index = _tie(ids, data, _varying_axes(data, ids))
+    q_segment_ids, kv_segment_ids, q_index, kv_index = tie_ids(ids, data, varying_axes(data, ids))
     mask = make_mask(
         q.shape[1], k.shape[1], q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
         q_index=q_index, kv_index=kv_index, causal=causal,
     )
     return block_grads_masked(q, k, v, lse, dout, delta, mask, scale)
-
-
-def combine_partials(out1, lse1, out2, lse2, dtype=None):
-    """Merge two normalised partial attentions over disjoint key sets.
-
-    (out_i [B, Sq, H, D], lse_i [B, Sq, H]) -> (out, lse) as if attending to the union.
-    Handles lse = -inf (no keys seen) on either or both sides.
-    """
-    lse = jnp.logaddexp(lse1, lse2)
-    ref = _safe(lse)
-    w1 = jnp.exp(lse1 - ref)[..., None]
-    w2 = jnp.exp(lse2 - ref)[..., None]
-    out = w1 * out1.astype(_F32) + w2 * out2.astype(_F32)
-    if dtype is not None:
-        out = out.astype(dtype)
-    return out, lse

@@ -1,36 +1,24 @@
 """Ring attention: causal, segment-masked attention over a sequence split along a device ring.
 
 Called inside ``shard_map``. Each device holds one chunk of the sequence: its queries
-q [B, Sq, H, D], keys / values k, v [B, Skv, G, D] (G dividing H), their segment ids and absolute token
-indices (any values: chunks need not be contiguous or balanced). The K/V blocks travel a
-``ppermute`` ring of ``axis_size`` steps and every device folds each visiting block into an
-online-softmax carry (``sharding.ops.online_softmax``). The schedule, forward::
+q [B, Sq, H, D], keys / values k, v [B, Skv, G, D] (G dividing H), their segment ids and
+absolute token indices (any values: chunks need not be contiguous or balanced). The K/V blocks,
+with their ids, travel the ring (`sharding.ops.ring`) and every device folds each visiting block
+into an online-softmax carry (`sharding.ops.online_softmax`)::
 
-    blk = own (k, v, kv_segment_ids, kv_index)
-    for step in range(p - 1):
-        nxt = shift(blk)                 # issued first: travels while we compute
-        carry = attend(carry, q, blk)
-        blk = nxt
-    carry = attend(carry, q, blk)        # the last visitor; p - 1 hops in all
+    forward:  ring_forward over the blocks:   carry = attend(carry, q, block)
+    backward: ring_backward over the blocks:  dq += dq_part; (dk, dv) of the block follow it
+                                              one hop behind and arrive home after the last
 
-Backward (``jax.custom_vjp``; nothing of the forward ring is saved but q, k, v, out, lse)::
-
-    for step in range(p):
-        nxt = shift(blk)                 # k, v of the next visitor (not after the last step)
-        dq_part, dk, dv = block_grads(q, blk, ...)
-        acc = shift(acc + (dk, dv))      # dK / dV travel with their block ...
-        blk = nxt
-    dk, dv = acc                         # ... and arrive home after the p-th hop
-
-Differentiating the forward loop by autodiff instead keeps every visiting block and its
-per-tile residuals (``ring_attention_autodiff``, kept for tests and memory comparisons).
+The backward (``jax.custom_vjp``) keeps nothing of the forward ring but q, k, v, out and lse.
 Visiting blocks (or tiles of them) with no allowed query-key pair, e.g. the causal upper
 triangle, are skipped with ``lax.cond``. Contiguous chunks leave the ring unbalanced under a
 causal mask (device 0 skips p - 1 blocks, device p - 1 none); zigzag chunking is not done here.
+METP's attention runs its K/V ring through `ring_attention_forward` / `ring_attention_backward`.
 """
 from __future__ import annotations
 
-import functools
+from functools import partial
 from typing import Optional, Sequence, Union
 
 import jax
@@ -38,8 +26,6 @@ import jax.numpy as jnp
 from jax import lax
 
 from sharding.ops.online_softmax import (
-    _pvary,
-    _varying_axes,
     attend_tiled,
     check_heads,
     compute_delta,
@@ -48,19 +34,18 @@ from sharding.ops.online_softmax import (
     grads_tiled,
     init_carry,
     materialize_ids,
+    tie_ids,
 )
+from sharding.ops.ring import Ring, ring_backward, ring_forward
+from sharding.ops.varying import vary, varying_axes
 
 AxisName = Union[str, Sequence[str]]
 _F32 = jnp.float32
 
 
-def _axes_tuple(axis_name: AxisName) -> tuple[str, ...]:
+def axes_tuple(axis_name: AxisName) -> tuple[str, ...]:
+    """A mesh axis name or sequence of names as a tuple."""
     return (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
-
-
-def _ring_name(axis_name: AxisName):
-    axes = _axes_tuple(axis_name)
-    return axes[0] if len(axes) == 1 else axes
 
 
 def chunk_index(batch: int, chunk_len: int, axis_name: AxisName) -> jax.Array:
@@ -68,108 +53,78 @@ def chunk_index(batch: int, chunk_len: int, axis_name: AxisName) -> jax.Array:
 
     Chunk r (r = ``axis_index`` along the ring) holds tokens r*chunk_len ... (r+1)*chunk_len-1.
     """
-    r = lax.axis_index(_ring_name(axis_name))
+    axes = axes_tuple(axis_name)
+    r = lax.axis_index(axes[0] if len(axes) == 1 else axes)
     idx = r * chunk_len + jnp.arange(chunk_len, dtype=jnp.int32)
     return jnp.broadcast_to(idx[None], (batch, chunk_len))
 
 
-def _shift(tree, axis_name: AxisName, axis_size: int):
-    """Send to the next device on the ring (device i -> i + 1 mod p)."""
-    perm = [(i, (i + 1) % axis_size) for i in range(axis_size)]
-    return lax.ppermute(tree, _ring_name(axis_name), perm)
+def _ring_axes(ring: Ring, *trees) -> tuple[str, ...]:
+    return tuple(sorted(set(varying_axes(*trees)) | set(ring.axis)))
 
 
-# --------------------------------------------------------------------------------------------
-# Forward and backward rings
-# --------------------------------------------------------------------------------------------
-def _forward(q, k, v, qseg, kseg, qidx, kidx, axis_name, axis_size, causal, scale, bq, bk):
-    """-> (out [B,Sq,H,D] in q.dtype, lse [B,Sq,H] f32) after p - 1 hops of the K/V ring."""
-    axes = _varying_axes(q, k, v, qseg, kseg, qidx, kidx) + _axes_tuple(axis_name)
-    axes = tuple(sorted(set(axes)))
-    q_ids = _pvary((qseg, qidx), axes)
-    blk = _pvary((k, v, kseg, kidx), axes)
+def ring_attention_forward(q, k, v, ids, ring: Ring, *, causal: bool = True, scale: Optional[float] = None,
+                           bq: Optional[int] = None, bk: Optional[int] = None):
+    """(out [B, Sq, H, D] in q's dtype, lse [B, Sq, H] float32) of this chunk's queries over the
+    K/V blocks of every device on `ring`. ids = (q_seg, kv_seg, q_idx, kv_idx) of this chunk
+    (`materialize_ids`); visiting blocks are processed in (bq x bk) tiles (None: whole).
+    Plain JAX: autodiff through it keeps every visiting block."""
+    scale = default_scale(q.shape[-1]) if scale is None else scale
+    axes = _ring_axes(ring, q, k, v, ids)
+    qseg, kseg, qidx, kidx = vary(ids, axes)
 
-    def attend(carry, blk):
-        k_b, v_b, ks_b, ki_b = blk
-        ids = (q_ids[0], ks_b, q_ids[1], ki_b)
-        return attend_tiled(carry, q, k_b, v_b, ids, causal=causal, scale=scale, bq=bq, bk=bk)
+    def attend(block, carry):
+        kb, vb, ks, ki = block
+        return attend_tiled(carry, q, kb, vb, (qseg, ks, qidx, ki), causal=causal, scale=scale, bq=bq, bk=bk)
 
-    def step(state, _):
-        carry, blk = state
-        nxt = _shift(blk, axis_name, axis_size)
-        return (attend(carry, blk), nxt), None
-
-    carry = _pvary(init_carry(q), axes)
-    (carry, blk), _ = lax.scan(step, (carry, blk), None, length=axis_size - 1)
-    return finish(attend(carry, blk), dtype=q.dtype)
+    carry = ring_forward(ring, attend, vary((k, v, kseg, kidx), axes), vary(init_carry(q), axes))
+    return finish(carry, dtype=q.dtype)
 
 
-def _backward(q, k, v, qseg, kseg, qidx, kidx, out, lse, dout, axis_name, axis_size, causal,
-              scale, bq, bk):
-    """-> float32 (dq, dk, dv): the K/V ring again, dK / dV accumulators travelling along."""
-    axes = _varying_axes(q, k, v, qseg, kseg, qidx, kidx, out, lse, dout) + _axes_tuple(axis_name)
-    axes = tuple(sorted(set(axes)))
-    q_ids = _pvary((qseg, qidx), axes)
+def ring_attention_backward(q, k, v, ids, out, lse, dout, ring: Ring, *, causal: bool = True,
+                            scale: Optional[float] = None, bq: Optional[int] = None, bk: Optional[int] = None,
+                            nested: bool = False):
+    """float32 (dq, dk, dv) of `ring_attention_forward` from the output cotangent: the K/V ring
+    again, each block's dK / dV one hop behind it.
+
+    nested: inside a loop of its own (METP's head groups): the ids' ring hops are made to depend on
+    dout, so they are not hoisted out of that loop, where nothing orders them with the other
+    collectives (`sharding.ops.ordering`); and a block's gradient travels with the next block
+    (`ring_backward(grad_with_block=True)`)."""
+    scale = default_scale(q.shape[-1]) if scale is None else scale
+    axes = _ring_axes(ring, q, k, v, ids, out, lse, dout)
     delta = compute_delta(out, dout)
+    qseg, kseg, qidx, kidx = tie_ids(vary(ids, axes), dout, axes) if nested else vary(ids, axes)
 
-    def grads(blk):
-        k_b, v_b, ks_b, ki_b = blk
-        ids = (q_ids[0], ks_b, q_ids[1], ki_b)
-        return grads_tiled(q, k_b, v_b, lse, dout, delta, ids, causal=causal, scale=scale,
-                           bq=bq, bk=bk)
+    def grads(block, dq):
+        kb, vb, ks, ki = block
+        dq_t, dk, dv = grads_tiled(q, kb, vb, lse, dout, delta, (qseg, ks, qidx, ki), causal=causal,
+                                   scale=scale, bq=bq, bk=bk)
+        return dq + dq_t, (dk, dv)
 
-    def step(state, _, last=False):
-        dq, blk, (dk_acc, dv_acc) = state
-        nxt = blk if last else _shift(blk, axis_name, axis_size)
-        dq_part, dk_b, dv_b = grads(blk)
-        acc = _shift((dk_acc + dk_b, dv_acc + dv_b), axis_name, axis_size)
-        return (dq + dq_part, nxt, acc), None
-
-    zeros_kv = jnp.zeros(k.shape, _F32)
-    state = _pvary((jnp.zeros(q.shape, _F32), (k, v, kseg, kidx), (zeros_kv, zeros_kv)), axes)
-    state, _ = lax.scan(step, state, None, length=axis_size - 1)
-    (dq, _, (dk, dv)), _ = step(state, None, last=True)
+    dq, (dk, dv) = ring_backward(ring, grads, (k, v, kseg, kidx), vary(jnp.zeros(q.shape, _F32), axes),
+                                 grad_with_block=nested)
     return dq, dk, dv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11, 12))
-def _ring(q, k, v, qseg, kseg, qidx, kidx, axis_name, axis_size, causal, scale, bq, bk):
-    return _forward(q, k, v, qseg, kseg, qidx, kidx, axis_name, axis_size, causal, scale, bq, bk)[0]
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+def _ring_attention(q, k, v, ids, ring, causal, scale, bq, bk):
+    return ring_attention_forward(q, k, v, ids, ring, causal=causal, scale=scale, bq=bq, bk=bk)[0]
 
 
-def _ring_fwd(q, k, v, qseg, kseg, qidx, kidx, axis_name, axis_size, causal, scale, bq, bk):
-    out, lse = _forward(q, k, v, qseg, kseg, qidx, kidx, axis_name, axis_size, causal, scale, bq, bk)
-    return out, (q, k, v, qseg, kseg, qidx, kidx, out, lse)
+def _ring_attention_fwd(q, k, v, ids, ring, causal, scale, bq, bk):
+    out, lse = ring_attention_forward(q, k, v, ids, ring, causal=causal, scale=scale, bq=bq, bk=bk)
+    return out, (q, k, v, ids, out, lse)
 
 
-def _ring_bwd(axis_name, axis_size, causal, scale, bq, bk, res, dout):
-    q, k, v, qseg, kseg, qidx, kidx, out, lse = res
-    dq, dk, dv = _backward(q, k, v, qseg, kseg, qidx, kidx, out, lse, dout, axis_name, axis_size,
-                           causal, scale, bq, bk)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None
+def _ring_attention_bwd(ring, causal, scale, bq, bk, res, dout):
+    q, k, v, ids, out, lse = res
+    dq, dk, dv = ring_attention_backward(q, k, v, ids, out, lse, dout, ring, causal=causal, scale=scale,
+                                         bq=bq, bk=bk)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
 
-_ring.defvjp(_ring_fwd, _ring_bwd)
-
-
-# --------------------------------------------------------------------------------------------
-# Public API
-# --------------------------------------------------------------------------------------------
-def _prepare(q, k, v, q_segment_ids, kv_segment_ids, q_index, kv_index, axis_name, axis_size,
-             scale, q_block_size, kv_block_size):
-    B, Sq, H, D = q.shape
-    Skv = k.shape[1]
-    check_heads(q, k, v)
-    if axis_size is None:
-        axis_size = lax.axis_size(_ring_name(axis_name))
-    q_index = chunk_index(B, Sq, axis_name) if q_index is None else q_index
-    kv_index = chunk_index(B, Skv, axis_name) if kv_index is None else kv_index
-    ids = materialize_ids(B, Sq, Skv, q_segment_ids, kv_segment_ids, q_index, kv_index)
-    scale = default_scale(D) if scale is None else float(scale)
-    bq = Sq if q_block_size is None else max(1, min(int(q_block_size), Sq))
-    bk = Skv if kv_block_size is None else max(1, min(int(kv_block_size), Skv))
-    axis_name = _axes_tuple(axis_name)
-    return ids, (axis_name, int(axis_size), scale, bq, bk)
+_ring_attention.defvjp(_ring_attention_fwd, _ring_attention_bwd)
 
 
 def ring_attention(
@@ -190,7 +145,7 @@ def ring_attention(
 ) -> jax.Array:
     """Attention of this device's queries to the keys of every device on the ring (in shard_map).
 
-    q [B, Sq, H, D], k / v [B, Skv, H, D]: this device's chunk. Segment ids [B, S*] (0 = padding;
+    q [B, Sq, H, D], k / v [B, Skv, G, D]: this device's chunk. Segment ids [B, S*] (0 = padding;
     None = no segment masking) and absolute token indices [B, S*] for the causal rule
     kv_index <= q_index (None: contiguous chunks, ``chunk_index``). ``axis_name``: the mesh
     axis or axes forming the ring, ``axis_size`` their total size (None: looked up). Each
@@ -198,24 +153,19 @@ def ring_attention(
     Returns out [B, Sq, H, D] in q's dtype, equal to dense attention over the whole sequence;
     the custom VJP recomputes per block and runs the ring again.
     """
-    ids, static = _prepare(q, k, v, q_segment_ids, kv_segment_ids, q_index, kv_index, axis_name,
-                           axis_size, scale, q_block_size, kv_block_size)
-    axis_name, axis_size, scale, bq, bk = static
-    return _ring(q, k, v, *ids, axis_name, axis_size, bool(causal), scale, bq, bk)
+    B, Sq, _, D = q.shape
+    Skv = k.shape[1]
+    check_heads(q, k, v)
+    axes = axes_tuple(axis_name)
+    if axis_size is None:
+        axis_size = lax.axis_size(axes[0] if len(axes) == 1 else axes)
+    q_index = chunk_index(B, Sq, axes) if q_index is None else q_index
+    kv_index = chunk_index(B, Skv, axes) if kv_index is None else kv_index
+    ids = materialize_ids(B, Sq, Skv, q_segment_ids, kv_segment_ids, q_index, kv_index)
+    scale = default_scale(D) if scale is None else float(scale)
+    bq = Sq if q_block_size is None else max(1, min(int(q_block_size), Sq))
+    bk = Skv if kv_block_size is None else max(1, min(int(kv_block_size), Skv))
+    return _ring_attention(q, k, v, ids, Ring(axes, int(axis_size)), bool(causal), scale, bq, bk)
 
 
-def ring_attention_autodiff(q, k, v, *, axis_name: AxisName, axis_size: Optional[int] = None,
-                            q_segment_ids=None, kv_segment_ids=None, q_index=None, kv_index=None,
-                            causal: bool = True, scale: Optional[float] = None,
-                            q_block_size: Optional[int] = None, kv_block_size: Optional[int] = None):
-    """``ring_attention`` differentiated by plain autodiff through the ring (keeps every block).
-
-    For tests and memory comparisons only.
-    """
-    ids, static = _prepare(q, k, v, q_segment_ids, kv_segment_ids, q_index, kv_index, axis_name,
-                           axis_size, scale, q_block_size, kv_block_size)
-    axis_name, axis_size, scale, bq, bk = static
-    return _forward(q, k, v, *ids, axis_name, axis_size, bool(causal), scale, bq, bk)[0]
-
-
-__all__ = ["chunk_index", "ring_attention", "ring_attention_autodiff"]
+__all__ = ["axes_tuple", "chunk_index", "ring_attention", "ring_attention_backward", "ring_attention_forward"]

@@ -17,7 +17,8 @@ from functools import partial
 import jax
 
 from sharding.ops import blocks
-from sharding.ops.metp import BROADCASTS, Ring, metp_attention, metp_attention_autodiff, metp_mlp, mlp_ring_forward
+from sharding.ops.metp import metp_attention, metp_mlp
+from sharding.ops.ring import Ring
 from sharding.strategies.base import Strategy, model_size, shard_map
 from sharding.strategies.description import (
     BATCH_ROLE, DEVICES_ROLE, F32, MODEL_ROLE, AttentionWork, Collective, Description, Extents, RingStep, Rules,
@@ -25,22 +26,12 @@ from sharding.strategies.description import (
 
 
 class MemoryEfficientTensorParallel(Strategy):
-    """`broadcast` picks how a head group's weights reach every device ("psum": one masked
-    all-reduce per group, the default; "ring": p - 1 ring hops). `hand_backward=False` runs
-    autodiff through the rings instead (for memory comparisons only)."""
-
     name = "metp"
     boundary = compute = Rules.of(batch=BATCH_ROLE, seq=MODEL_ROLE)
     weights = Rules.of(heads=MODEL_ROLE, kv_heads=MODEL_ROLE, mlp=MODEL_ROLE)
 
-    def __init__(self, broadcast: str = "psum", hand_backward: bool = True):
-        if broadcast not in BROADCASTS:
-            raise ValueError(f"metp: broadcast must be one of {BROADCASTS}, got {broadcast!r}")
-        self.broadcast = broadcast
-        self.hand_backward = hand_backward
-
     def ring(self, mesh) -> Ring:
-        return Ring(axis=role_axes(mesh, MODEL_ROLE), size=model_size(mesh), batch_axes=role_axes(mesh, BATCH_ROLE))
+        return Ring.over(mesh, role_axes(mesh, MODEL_ROLE), role_axes(mesh, BATCH_ROLE))
 
     def _local(self, kernel, mesh, w, *tokens):
         """`kernel` on each device's chunk and weight blocks, in a shard_map."""
@@ -49,16 +40,15 @@ class MemoryEfficientTensorParallel(Strategy):
 
     def attention(self, w, x, segment_ids, positions, spec, mesh):
         self.check(spec, mesh, x.shape[0], x.shape[1])
-        kernel = metp_attention if self.hand_backward else metp_attention_autodiff
         w = blocks.attention_weights(w)
         w["wkv"] = blocks.kv_heads_for_group(w["wkv"], model_size(mesh))  # whole K/V heads per group
         w = jax.tree.map(lambda t: t.astype(spec.dtype), w)
-        kernel = partial(kernel, spec=spec, ring=self.ring(mesh), broadcast=self.broadcast)
+        kernel = partial(metp_attention, spec=spec, ring=self.ring(mesh))
         return self._local(kernel, mesh, w, segment_ids, positions)(x, segment_ids, positions, w)
 
     def mlp(self, w, x, spec, mesh):
         self.check(spec, mesh, x.shape[0], x.shape[1])
-        kernel = partial(metp_mlp if self.hand_backward else mlp_ring_forward, spec=spec, ring=self.ring(mesh))
+        kernel = partial(metp_mlp, spec=spec, ring=self.ring(mesh))
         w = {"w_in": w["w_in"].astype(spec.dtype), "w_out": w["w_out"].astype(spec.dtype)}
         return self._local(lambda x, w: kernel(x, w["w_in"], w["w_out"]), mesh, w)(x, w)
 
