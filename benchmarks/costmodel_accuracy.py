@@ -26,9 +26,11 @@ import os
 import sys
 import time
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
-                                   "--xla_disable_hlo_passes=cse_barrier_expander")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from dysejax.runtime import cpu_xla_flags, reserve_cpu_threads  # noqa: E402  (imports no JAX)
+
+os.environ["XLA_FLAGS"] = cpu_xla_flags(os.environ.get("XLA_FLAGS", ""), n_devices=8)
+reserve_cpu_threads(8)
 from results_io import write_json  # noqa: E402  (the script's folder is on sys.path)
 
 import numpy as np  # noqa: E402
@@ -143,8 +145,8 @@ def summary(errs) -> dict:
 # End to end: CostTable.plan_bytes vs the trainer's compiled train step
 # ------------------------------------------------------------------------------------------------
 E2E_OVERRIDES = ["model.d_model=256", "model.n_heads=8", "model.d_ff=768", "model.n_layers=4",
-                 "model.attention_block=256", "data.source=synthetic", "data.synthetic.num_docs=50",
-                 "data.synthetic.max_len=2048", "data.buckets=[512,2048]", "data.tokens_per_batch=8192",
+                 "model.attention_block=256", "data.source=synthetic", "data.tokenizer=bytes", "data.synthetic.num_docs=50",
+                 "data.synthetic.max_len=2048", "data.buckets=[512,2048]", "data.tokens_per_batch=16384",
                  "data.eval_batches=0", "train.progress=false"]
 E2E_PLANS = [[[s, 4]] for s in STRATEGIES] + [[["fsdp", 4, "full"]], [["tp_sp", 4, "dots"]], [["metp", 4, "full"]],
                                                [["tp_sp", 2], ["metp", 2]], [["dp", 1], ["tp", 1], ["fsdp", 2]],

@@ -252,8 +252,8 @@ def write_png(result: dict, path: str) -> None:
 
 def _supervise(argv: list, attempts: int) -> None:
     """Run the benchmark in a child process, again if XLA:CPU aborts it (8 simulated devices on
-    a few cores can still deadlock on independent collectives, see `sharding.ops.ordering`; a
-    rerun reuses the compile cache and calibrations)."""
+    a few cores can still deadlock on independent collectives, see `sharding.ops.ordering` and
+    `dysejax.runtime.CPU_FLAGS`; a rerun reuses the compile cache and calibrations)."""
     import subprocess
     import tempfile
     if "--workdir" not in argv:

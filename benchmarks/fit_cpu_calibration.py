@@ -14,8 +14,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
-                      "--xla_disable_hlo_passes=cse_barrier_expander")
+from dysejax.runtime import cpu_xla_flags, reserve_cpu_threads  # noqa: E402  (imports no JAX)
+
+os.environ["XLA_FLAGS"] = cpu_xla_flags(os.environ.get("XLA_FLAGS", ""), n_devices=8)
+reserve_cpu_threads(8)
 
 from costmodel.calibration import DEFAULT_CALIBRATION  # noqa: E402
 from costmodel.profile import profile  # noqa: E402

@@ -1,4 +1,4 @@
-"""Process-level setup: simulated devices and the remat flag (before JAX's backend starts),
+"""Process-level setup: simulated devices and XLA:CPU's workaround flags (before JAX's backend starts),
 joining a multi-process run, agreement between processes, stop signals, the persistent compile
 cache and the per-device memory budget."""
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import signal
 import socket
 import sys
@@ -13,15 +14,39 @@ from typing import Optional
 
 from dysejax.errors import ConfigError
 
-# On XLA:CPU the pass cse_barrier_expander strips optimisation barriers, after which CSE merges
-# recomputed values with the forward ones and jax.checkpoint silently does nothing. Disabling
-# it makes remat (and so the compiled memory figures) behave as on GPU/TPU.
-CPU_REMAT_FLAG = "--xla_disable_hlo_passes=cse_barrier_expander"
+# XLA:CPU workarounds, all in one place (XLA_FLAGS is read once, when the backend starts):
+# - the pass cse_barrier_expander strips optimisation barriers, after which CSE merges
+#   recomputed values with the forward ones and jax.checkpoint silently does nothing. Disabling
+#   it makes remat (and so the compiled memory figures) behave as on GPU/TPU.
+# - each simulated device's collective blocks a thread of the client's pool until every device
+#   arrives, and a device can run two independent collectives at once. The pool has NPROC
+#   threads (else the core count) or one per device: with 8 devices on 2 cores, two devices in
+#   two collectives each left the last two devices no thread to arrive on, a deadlock
+#   ("only 6 of 8 arrived": `ring` and `ring:3,ring:1@full` at 64 x 256 on
+#   configs/dynamic.yaml). NPROC keeps threads to spare (`reserve_cpu_threads`).
+CPU_FLAGS = ("--xla_disable_hlo_passes=cse_barrier_expander",)
+CPU_THREADS_PER_DEVICE = 4
+
+
+def cpu_xla_flags(flags: str, n_devices: Optional[int] = None) -> str:
+    """`flags` (an XLA_FLAGS value) with every CPU workaround it does not name yet and, when
+    `n_devices` is given and it names no device count, that many simulated host devices."""
+    out = flags.split()
+    if n_devices is not None and "xla_force_host_platform_device_count" not in flags:
+        out.append(f"--xla_force_host_platform_device_count={n_devices}")
+    out += [f for f in CPU_FLAGS if f.split("=")[0] not in flags]
+    return " ".join(out)
+
+
+def reserve_cpu_threads(n_devices: int) -> None:
+    """Give XLA:CPU's client CPU_THREADS_PER_DEVICE threads per simulated device (the NPROC
+    environment variable, read when the backend starts), unless NPROC is set already."""
+    os.environ.setdefault("NPROC", str(CPU_THREADS_PER_DEVICE * n_devices))
 
 
 def configure_host_devices(n_devices: int = 8) -> bool:
-    """Give XLA:CPU `n_devices` simulated devices (`jax_num_cpu_devices`) and the remat flag,
-    whatever XLA_FLAGS holds; a device count named in XLA_FLAGS is kept.
+    """Give XLA:CPU `n_devices` simulated devices (`jax_num_cpu_devices`) and the workaround
+    flags, whatever XLA_FLAGS holds; a device count named in XLA_FLAGS is kept.
 
     Returns True when the count was set here, False once JAX's backend has started (then
     nothing changes). Must run before the first JAX computation; on a machine with accelerators
@@ -35,8 +60,9 @@ def configure_host_devices(n_devices: int = 8) -> bool:
             jax.config.update("jax_num_cpu_devices", n_devices)
     except RuntimeError:  # the backend has started: the devices are what they are
         return False
-    if "cse_barrier_expander" not in flags:  # read when the backend starts, i.e. still in time
-        os.environ["XLA_FLAGS"] = f"{flags} {CPU_REMAT_FLAG}".strip()
+    named = re.search(r"xla_force_host_platform_device_count=(\d+)", flags)
+    reserve_cpu_threads(int(named.group(1)) if named else n_devices)
+    os.environ["XLA_FLAGS"] = cpu_xla_flags(flags)  # read when the backend starts, i.e. still in time
     return True
 
 
