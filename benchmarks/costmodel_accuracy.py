@@ -27,10 +27,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from dysejax.runtime import cpu_xla_flags, reserve_cpu_threads  # noqa: E402  (imports no JAX)
+from dysejax.runtime import simulate_host_devices  # noqa: E402  (imports no JAX)
 
-os.environ["XLA_FLAGS"] = cpu_xla_flags(os.environ.get("XLA_FLAGS", ""), n_devices=8)
-reserve_cpu_threads(8)
+simulate_host_devices(8)
 from results_io import write_json  # noqa: E402  (the script's folder is on sys.path)
 
 import numpy as np  # noqa: E402

@@ -14,10 +14,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from dysejax.runtime import cpu_xla_flags, reserve_cpu_threads  # noqa: E402  (imports no JAX)
+from dysejax.runtime import simulate_host_devices  # noqa: E402  (imports no JAX)
 
-os.environ["XLA_FLAGS"] = cpu_xla_flags(os.environ.get("XLA_FLAGS", ""), n_devices=8)
-reserve_cpu_threads(8)
+simulate_host_devices(8)
 
 from costmodel.calibration import DEFAULT_CALIBRATION  # noqa: E402
 from costmodel.profile import profile  # noqa: E402

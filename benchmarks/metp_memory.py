@@ -24,10 +24,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from dysejax.runtime import cpu_xla_flags, reserve_cpu_threads  # noqa: E402  (imports no JAX)
+from dysejax.runtime import simulate_host_devices  # noqa: E402  (imports no JAX)
 
-os.environ["XLA_FLAGS"] = cpu_xla_flags(os.environ.get("XLA_FLAGS", ""), n_devices=8)
-reserve_cpu_threads(8)
+simulate_host_devices(8)
 
 STRATEGIES = ("tp", "tp_sp", "ring", "ulysses", "metp")
 RAM_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -23,30 +23,33 @@ from dysejax.errors import ConfigError
 #   threads (else the core count) or one per device: with 8 devices on 2 cores, two devices in
 #   two collectives each left the last two devices no thread to arrive on, a deadlock
 #   ("only 6 of 8 arrived": `ring` and `ring:3,ring:1@full` at 64 x 256 on
-#   configs/dynamic.yaml). NPROC keeps threads to spare (`reserve_cpu_threads`).
+#   configs/dynamic.yaml). NPROC keeps threads to spare (never fewer than the cores).
 CPU_FLAGS = ("--xla_disable_hlo_passes=cse_barrier_expander",)
 CPU_THREADS_PER_DEVICE = 4
+_COUNT_FLAG = "xla_force_host_platform_device_count"
 
 
-def cpu_xla_flags(flags: str, n_devices: Optional[int] = None) -> str:
-    """`flags` (an XLA_FLAGS value) with every CPU workaround it does not name yet and, when
-    `n_devices` is given and it names no device count, that many simulated host devices."""
-    out = flags.split()
-    if n_devices is not None and "xla_force_host_platform_device_count" not in flags:
-        out.append(f"--xla_force_host_platform_device_count={n_devices}")
-    out += [f for f in CPU_FLAGS if f.split("=")[0] not in flags]
-    return " ".join(out)
+def _write_cpu_environment(flags: str, n_devices: int) -> None:
+    """XLA_FLAGS = `flags` plus every CPU workaround it does not name; NPROC (unless set) for the
+    simulated devices `flags` names, else `n_devices`."""
+    named = re.search(_COUNT_FLAG + r"=(\d+)", flags)
+    devices = int(named.group(1)) if named else n_devices
+    os.environ.setdefault("NPROC", str(max(os.cpu_count() or 1, CPU_THREADS_PER_DEVICE * devices)))
+    os.environ["XLA_FLAGS"] = " ".join(flags.split() + [f for f in CPU_FLAGS if f.split("=")[0] not in flags])
 
 
-def reserve_cpu_threads(n_devices: int) -> None:
-    """Give XLA:CPU's client CPU_THREADS_PER_DEVICE threads per simulated device (the NPROC
-    environment variable, read when the backend starts), unless NPROC is set already."""
-    os.environ.setdefault("NPROC", str(CPU_THREADS_PER_DEVICE * n_devices))
+def simulate_host_devices(n_devices: int = 8) -> None:
+    """For tests and scripts that set XLA up before importing JAX (imports no JAX): `n_devices`
+    simulated CPU devices in XLA_FLAGS unless it names a count, and the CPU workarounds."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _COUNT_FLAG not in flags:
+        flags = f"{flags} --{_COUNT_FLAG}={n_devices}"
+    _write_cpu_environment(flags, n_devices)
 
 
 def configure_host_devices(n_devices: int = 8) -> bool:
-    """Give XLA:CPU `n_devices` simulated devices (`jax_num_cpu_devices`) and the workaround
-    flags, whatever XLA_FLAGS holds; a device count named in XLA_FLAGS is kept.
+    """Give XLA:CPU `n_devices` simulated devices (`jax_num_cpu_devices`) and the CPU
+    workarounds (XLA_FLAGS, NPROC), whatever XLA_FLAGS holds; a device count named there is kept.
 
     Returns True when the count was set here, False once JAX's backend has started (then
     nothing changes). Must run before the first JAX computation; on a machine with accelerators
@@ -56,13 +59,11 @@ def configure_host_devices(n_devices: int = 8) -> bool:
 
     flags = os.environ.get("XLA_FLAGS", "")
     try:
-        if "xla_force_host_platform_device_count" not in flags:
+        if _COUNT_FLAG not in flags:
             jax.config.update("jax_num_cpu_devices", n_devices)
     except RuntimeError:  # the backend has started: the devices are what they are
         return False
-    named = re.search(r"xla_force_host_platform_device_count=(\d+)", flags)
-    reserve_cpu_threads(int(named.group(1)) if named else n_devices)
-    os.environ["XLA_FLAGS"] = cpu_xla_flags(flags)  # read when the backend starts, i.e. still in time
+    _write_cpu_environment(flags, n_devices)  # read when the backend starts, i.e. still in time
     return True
 
 

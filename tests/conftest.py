@@ -6,10 +6,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from dysejax.runtime import cpu_xla_flags, reserve_cpu_threads  # noqa: E402  (imports no JAX)
+from dysejax.runtime import simulate_host_devices  # noqa: E402  (imports no JAX)
 
-os.environ["XLA_FLAGS"] = cpu_xla_flags(os.environ.get("XLA_FLAGS", ""), n_devices=8)
-reserve_cpu_threads(8)
+simulate_host_devices(8)
 
 import pytest  # noqa: E402
 
