@@ -169,7 +169,8 @@ def tally(c: Contender, timings: Timings, bucket_steps: dict[int, int], epoch_st
             tok = sum(timings.tokens.get(b, []))
             row.update(seconds=sum(secs), tokens=tok, tokens_per_s=tok / sum(secs), step_s=sum(secs) / len(secs))
             run, total_s, tokens = run + n, total_s + sum(secs), tokens + tok
-            epoch_s += epoch_steps.get(b, 0) * row["step_s"]
+            if epoch_s is not None:
+                epoch_s += epoch_steps.get(b, 0) * row["step_s"]
         elif epoch_steps.get(b, 0) or n:
             epoch_s = None if epoch_s is None or epoch_steps.get(b, 0) else epoch_s
             if b in c.infeasible:
@@ -205,6 +206,23 @@ def auto_fits_at(trainer, seq_len: int) -> bool:
         return True
     except (PlanError, ValueError):
         return False
+
+
+def strategy_max_lengths(trainer, strategy: str, start: int, cap: int) -> dict[str, tuple[int, bool]]:
+    """{remat: (max trainable length, capped)} of `strategy` as one static plan, and under
+    "best" the longest of them (XLA's figure against the trainer's budget). Leanest policy
+    first: the others are searched only where they could beat it."""
+    out, best, capped = {}, 0, False
+    for r in ("full", "dots", "none"):
+        plan = static_plan(trainer, strategy, r)
+        fits = lambda n, plan=plan: fits_at(trainer, plan, n)  # noqa: E731
+        if best and (capped or not fits(2 * best)):  # the next length on the grid
+            continue
+        out[r] = max_length(fits, start, cap)
+        if out[r][0] > best:
+            best, capped = out[r]
+    out["best"] = (best, capped)
+    return out
 
 
 def max_length(fits, start: int, cap: int, unit: int = 256) -> tuple[int, bool]:

@@ -37,8 +37,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from contenders import (REMATS, auto_fits_at, build_auto, build_static, fits_at, max_length,  # noqa: E402
-                        measure, oracle_over_remat, static_plan, tally)
+from contenders import (REMATS, auto_fits_at, build_auto, build_static, max_length, measure,  # noqa: E402
+                        oracle_over_remat, strategy_max_lengths, tally)
 from results_io import write_json  # noqa: E402
 
 STATIC = ("dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp")
@@ -157,17 +157,8 @@ def max_lengths(trainer, result: dict, cap: int) -> None:
     start = trainer.data.buckets[-1]
     c = result["contenders"]
     for s in STATIC:
-        best, capped = 0, False
-        for r in ("full", "dots", "none"):  # leanest first: the others are searched only if they beat it
-            plan = static_plan(trainer, s, r)
-            fits = lambda n, plan=plan: fits_at(trainer, plan, n)  # noqa: E731
-            if best and (capped or not fits(2 * best)):  # the next length on the grid
-                continue
-            length, at_cap = max_length(fits, start, cap)
+        for r, (length, at_cap) in strategy_max_lengths(trainer, s, start, cap).items():
             c[f"{s}@{r}"]["max_len"], c[f"{s}@{r}"]["max_len_capped"] = length, at_cap
-            if length > best:
-                best, capped = length, at_cap
-        c[f"{s}@best"]["max_len"], c[f"{s}@best"]["max_len_capped"] = best, capped
     length, capped = max_length(lambda n: auto_fits_at(trainer, n), start, cap)
     c["auto"]["max_len"], c["auto"]["max_len_capped"] = length, capped
     tp_sp = c["tp_sp@best"]["max_len"]
