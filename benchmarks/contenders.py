@@ -20,8 +20,11 @@ programs (the timing of a step does not depend on the weights' values).
 """
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 REMATS = ("none", "dots", "full")
 
@@ -99,17 +102,25 @@ class Timings:
     compiles_after_warmup: int = 0
 
 
-def measure(trainer, contenders: list[Contender], batches: list, progress=print) -> Timings:
+def measure(trainer, contenders: list[Contender], batches: list, progress=print,
+            journal: Optional[str] = None) -> Timings:
     """Run every distinct program of every contender on each batch (order rotated per batch),
-    after one untimed run of each program; returns the timings."""
+    after one untimed run of each program; returns the timings.
+
+    With `journal` (a JSON file), every finished batch's times are recorded there and a rerun
+    continues after the last recorded batch (programs still warmed first), so a process that
+    XLA:CPU aborts loses one batch, not the run. Each batch is measured whole in one process."""
     import jax
     distinct: dict[int, dict[str, object]] = {}
     for c in contenders:
         for b, program in c.programs.items():
             distinct.setdefault(b, {})[program.plan.id] = program
+    done = _read_journal(journal, batches)
+    if done:
+        progress(f"resuming after batch {len(done)}/{len(batches)} ({journal})")
     state = trainer.state_layout.init(trainer.config.train.seed)
     first = {}
-    for pb in batches:
+    for pb in batches[len(done):]:
         first.setdefault(pb.bucket, pb)
     for b, pb in first.items():  # warm: first-run effects (allocations, thread pools) untimed
         for program in distinct.get(b, {}).values():
@@ -119,20 +130,47 @@ def measure(trainer, contenders: list[Contender], batches: list, progress=print)
     lowered = trainer.compiles.lowered
     t_start = time.perf_counter()
     for i, pb in enumerate(batches):
-        programs = list(distinct.get(pb.bucket, {}).values())
-        k = i % max(1, len(programs))
-        for program in programs[k:] + programs[:k]:
-            batch = trainer.load_batch(pb, program.plan)
-            t0 = time.perf_counter()
-            state, out = program(state, batch)
-            jax.block_until_ready(out["loss"])
-            timings.seconds.setdefault((pb.bucket, program.plan.id), []).append(time.perf_counter() - t0)
+        if i < len(done):
+            times = done[i]["seconds"]
+        else:
+            programs = list(distinct.get(pb.bucket, {}).values())
+            k = i % max(1, len(programs))
+            times = {}
+            for program in programs[k:] + programs[:k]:
+                batch = trainer.load_batch(pb, program.plan)
+                t0 = time.perf_counter()
+                state, out = program(state, batch)
+                jax.block_until_ready(out["loss"])
+                times[program.plan.id] = time.perf_counter() - t0
+            done.append({"bucket": pb.bucket, "seconds": times})
+            _write_journal(journal, done)
+            if progress:
+                progress(f"batch {i + 1}/{len(batches)} (bucket {pb.bucket}, {len(programs)} programs) done, "
+                         f"{time.perf_counter() - t_start:.0f} s")
+        for plan_id, secs in times.items():
+            timings.seconds.setdefault((pb.bucket, plan_id), []).append(secs)
         timings.tokens.setdefault(pb.bucket, []).append(pb.real_tokens)
-        if progress:
-            progress(f"batch {i + 1}/{len(batches)} (bucket {pb.bucket}, {len(programs)} programs) done, "
-                     f"{time.perf_counter() - t_start:.0f} s")
     timings.compiles_after_warmup = trainer.compiles.lowered - lowered
     return timings
+
+
+def _read_journal(path: Optional[str], batches: list) -> list:
+    """The batches already measured (a prefix of `batches`, checked by bucket), else []."""
+    if not path or not os.path.exists(path):
+        return []
+    with open(path) as f:
+        done = json.load(f)
+    if len(done) > len(batches) or any(d["bucket"] != pb.bucket for d, pb in zip(done, batches)):
+        raise SystemExit(f"error: {path} records other batches than this run's; remove it to start over")
+    return done
+
+
+def _write_journal(path: Optional[str], done: list) -> None:
+    if path:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(done, f)
+        os.replace(tmp, path)
 
 
 def oracle_over_remat(strategy: str, statics: dict[str, Contender], timings: Timings, buckets) -> Contender:

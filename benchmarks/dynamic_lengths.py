@@ -241,14 +241,35 @@ def write_png(result: dict, path: str) -> None:
     plt.close(fig)
 
 
+MIN_MAP_COUNT = 262144
+
+
+def _check_map_count() -> None:
+    """XLA:CPU maps memory sections for every compiled program and one process here holds ~100;
+    Linux's default limit on mappings (65,530) ran out at the end of a run ("LLVM ERROR: Unable
+    to allocate section memory")."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+    except (OSError, ValueError):
+        return
+    if limit < MIN_MAP_COUNT:
+        sys.exit(f"error: vm.max_map_count is {limit}; this benchmark holds ~100 compiled programs and needs "
+                 f"{MIN_MAP_COUNT}: run `sudo sysctl -w vm.max_map_count={MIN_MAP_COUNT}` and start it again")
+
+
 def _supervise(argv: list, attempts: int) -> None:
     """Run the benchmark in a child process, again if XLA:CPU aborts it (8 simulated devices on
-    a few cores can still deadlock on independent collectives, see `sharding.ops.ordering` and
-    `dysejax.runtime.CPU_FLAGS`; a rerun reuses the compile cache and calibrations)."""
+    a few cores still deadlock now and then, see `dysejax.runtime.CPU_FLAGS`); a rerun reuses the
+    compile cache, the calibrations and the batches already measured."""
     import subprocess
     import tempfile
     if "--workdir" not in argv:
         argv = argv + ["--workdir", tempfile.mkdtemp(prefix="dynamic_lengths_")]
+    workdir = argv[argv.index("--workdir") + 1]
+    # the attempts of this invocation share one timings journal: a retry measures only the
+    # batches its predecessor did not finish
+    argv = argv + ["--journal", os.path.join(os.path.abspath(workdir), f"timings-{time.strftime('%Y%m%d-%H%M%S')}.json")]
     rc = 0
     for attempt in range(1, attempts + 1):
         rc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--worker"]).returncode
@@ -276,10 +297,12 @@ def main(argv=None) -> None:
     ap.add_argument("--png", help="write the plot here (default: next to --json)")
     ap.add_argument("--time-model-of", metavar="JSON", help="add the time-model check to this result file of "
                     "an earlier run (same --config/--budget-gb/--data/--workdir; nothing is measured again)")
-    ap.add_argument("--attempts", type=int, default=3, help=argparse.SUPPRESS)
+    ap.add_argument("--attempts", type=int, default=5, help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--journal", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if not args.worker:
+        _check_map_count()
         return _supervise(sys.argv[1:] if argv is None else list(argv), args.attempts)
 
     import dysejax
@@ -319,7 +342,7 @@ def main(argv=None) -> None:
     batches, epoch_steps = choose_batches(trainer.data, per_bucket)
     bucket_steps = {b: sum(p.bucket == b for p in batches) for b in trainer.data.buckets}
     print(f"{len(batches)} batches, per bucket {bucket_steps}; the epoch has {epoch_steps}", flush=True)
-    timings = measure(trainer, [auto, *statics.values()], batches)
+    timings = measure(trainer, [auto, *statics.values()], batches, journal=args.journal)
     oracles = {f"{s}@best": oracle_over_remat(s, statics, timings, trainer.data.buckets) for s in STATIC}
     every = {"auto": auto, **statics, **oracles}
     result = {"budget_bytes": int(trainer.budget), "data": args.data, "config": os.path.relpath(args.config),
