@@ -269,7 +269,9 @@ def _supervise(argv: list, attempts: int) -> None:
     workdir = argv[argv.index("--workdir") + 1]
     # the attempts of this invocation share one timings journal: a retry measures only the
     # batches its predecessor did not finish
-    argv = argv + ["--journal", os.path.join(os.path.abspath(workdir), f"timings-{time.strftime('%Y%m%d-%H%M%S')}.json")]
+    if "--journal" not in argv:
+        argv = argv + ["--journal", os.path.join(os.path.abspath(workdir),
+                                                 f"timings-{time.strftime('%Y%m%d-%H%M%S')}.json")]
     rc = 0
     for attempt in range(1, attempts + 1):
         rc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--worker"]).returncode
@@ -299,7 +301,8 @@ def main(argv=None) -> None:
                     "an earlier run (same --config/--budget-gb/--data/--workdir; nothing is measured again)")
     ap.add_argument("--attempts", type=int, default=5, help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--journal", help=argparse.SUPPRESS)
+    ap.add_argument("--journal", help="record measured batches here and resume after those it holds "
+                    "(default: a new file in the workdir per invocation)")
     args = ap.parse_args(argv)
     if not args.worker:
         _check_map_count()
