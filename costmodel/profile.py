@@ -391,13 +391,19 @@ def calibrate_time_for(cal: Calibration, mesh, spec: BlockSpec, jobs: Mapping[tu
 
 
 def _model_cache_path(directory: Optional[str], what: str, mesh, spec: BlockSpec, shapes, remats) -> Optional[str]:
-    """Where a per-model fit's samples live: per device kind, mesh, layer shape, shapes, remats."""
+    """Where a per-model fit's samples live: per device kind, mesh, layer shape, shapes, remats;
+    measured times also per runtime setting (XLA_FLAGS, NPROC: the threads of XLA:CPU's pools
+    change step times, and a headline run once priced plans with times measured before such a
+    change)."""
     import hashlib
     from dataclasses import asdict
     if not directory:
         return None
     mesh_shape = {a: int(n) for a, n in mesh.shape.items()}
-    key = json.dumps([asdict(spec), sorted(mesh_shape.items()), sorted(shapes), list(remats)], sort_keys=True)
+    parts = [asdict(spec), sorted(mesh_shape.items()), sorted(shapes), list(remats)]
+    if what == "layer-times":
+        parts.append([os.environ.get("XLA_FLAGS", ""), os.environ.get("NPROC", "")])
+    key = json.dumps(parts, sort_keys=True)
     digest = hashlib.sha1(key.encode()).hexdigest()[:12]
     return cache_path(directory, device_kind_of(mesh), mesh_shape).replace(".json", f"__{what}-{digest}.json")
 
