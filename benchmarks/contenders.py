@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 REMATS = ("none", "dots", "full")
+STATIC = ("dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp")  # the static contenders' strategies
 
 
 @dataclass
@@ -116,7 +117,7 @@ def measure(trainer, contenders: list[Contender], batches: list, progress=print,
         for b, program in c.programs.items():
             distinct.setdefault(b, {})[program.plan.id] = program
     done = _read_journal(journal, batches)
-    if done:
+    if done and progress:
         progress(f"resuming after batch {len(done)}/{len(batches)} ({journal})")
     state = trainer.state_layout.init(trainer.config.train.seed)
     first = {}

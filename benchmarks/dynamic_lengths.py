@@ -37,11 +37,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from contenders import (REMATS, auto_fits_at, build_auto, build_static, max_length, measure,  # noqa: E402
+from contenders import (REMATS, STATIC, auto_fits_at, build_auto, build_static, max_length, measure,  # noqa: E402
                         oracle_over_remat, strategy_max_lengths, tally)
 from results_io import write_json  # noqa: E402
 
-STATIC = ("dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp")
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "dynamic.yaml")
 
 

@@ -7,8 +7,8 @@ For each static strategy (one plan for all layers) and remat policy, the largest
 multiple of the config's largest bucket whose whole training step (the trainer's own program at
 the data's batch size for that length) fits the per-device budget by XLA's figure
 (`memory_analysis()`); below the largest bucket, halvings of it down to 256. `best` is the
-longest over the policies. `--set` overrides the config (e.g. `model.vocab_size=32768`,
-`model.loss_chunk=0`). Nothing is timed: the figures do not depend on what else the machine runs.
+longest over the policies. `--set` overrides the config (e.g. `model.vocab_size=32768`).
+Nothing is timed: the figures do not depend on what else the machine runs.
 """
 from __future__ import annotations
 
@@ -20,10 +20,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from contenders import auto_fits_at, max_length, strategy_max_lengths  # noqa: E402
+from contenders import STATIC, auto_fits_at, max_length, strategy_max_lengths  # noqa: E402
 from results_io import write_json  # noqa: E402
 
-STATIC = ("dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp")
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "dynamic.yaml")
 
 
