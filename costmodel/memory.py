@@ -34,7 +34,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from sharding.layout import SEQ, STORAGE_PRIORITY, VOCAB
+from sharding.layout import BATCH, SEQ, STORAGE_PRIORITY
 from sharding.mesh import BATCH_AXES
 from sharding.ops.blocks import BlockSpec
 from sharding.stack import layer_weight_shapes
@@ -344,24 +344,59 @@ def base_memory(shape: Shape, vocab: int, n_layers: int) -> float:
     return states + update + batch_arrays
 
 
-def loss_memory(shape: Shape, strategy: str, vocab: int) -> float:
+# float32 [chunk, vocabulary block] buffers alive at once in the chunked loss's backward (the
+# recomputed logits and their gradient): XLA's temp bytes of the loss alone are 2.00-2.01 of
+# them at 8K and 16K tokens, chunks 512 and 1,024, vocabularies 16K and 32K
+# (tests/test_chunked_loss.py checks it)
+LOSS_CHUNK_COPIES = 2.0
+
+
+def loss_memory(shape: Shape, strategy: str, vocab: int, chunk: int = 1024) -> float:
     """Transient bytes per device of the embedding lookup and the loss when `strategy` computes
-    them (while every layer's stored activations are alive): float32 logits and their gradient
-    for the tokens a device holds (vocabulary-parallel when the strategy's weight rules split the
-    vocabulary and it divides, over the sequence as the strategy computes), the gathered head
-    table and its full-size gradient otherwise, and the final norm's input / output / gradient."""
+    them (while every layer's stored activations are alive), as `sharding.ops.chunked_loss`
+    computes it `chunk` tokens at a time (<= 0: all at once) with the vocabulary split the
+    strategy's `loss_split` names: float32 logits, exponentials and gradient of one chunk and
+    one vocabulary block; for a ring, the travelling head block (double buffered) with its
+    gradient and the per-token gradient and statistics; for the vocabulary-parallel loss, the
+    model group's gathered tokens it keeps for the backward; for a whole head, the gathered
+    table with its full-size gradient; and the final norm's input / output / gradient."""
     h, e, pb = shape.spec.d_model, shape.e_mem, shape.param_bytes
     strat, layer = get_strategy(strategy), shape.layer
     bl, s_loc = strat.rows(layer), strat.boundary_seq(layer)
-    split = strat.weights.split(VOCAB, layer)
-    if strat.weights.role(VOCAB) and vocab % split == 0:
-        logits = bl * (shape.seq_len / strat.compute.split(SEQ, layer)) * vocab / split * F32 * 2
-        head = 0.0
+    token_split = strat.boundary.split(BATCH, layer) * strat.boundary.split(SEQ, layer)
+    kind, split = strat.loss_split(vocab, token_split, shape.n_devices, shape.p)
+    own = bl * s_loc
+    tokens = bl * shape.seq_len / strat.compute.split(SEQ, layer) if kind == "vocab" else own
+    c = tokens if chunk <= 0 else min(chunk, tokens)
+    total = c * vocab / split * F32 * LOSS_CHUNK_COPIES + 3 * own * h * e
+    if kind == "vocab":
+        total += (tokens - own) * h * e
+    elif kind == "ring":
+        total += h * vocab / split * (2 * pb + F32) + tokens * (h + 4) * F32
     else:
-        logits = bl * s_loc * vocab * F32 * 2
-        head = vocab * h * (pb + (e if e != pb else 0) + F32)
-    acts = 3 * bl * s_loc * h * e
-    return logits + head + acts
+        total += vocab * h * (pb + (e if e != pb else 0) + F32)
+    return total
+
+
+def megatron_activation_bytes(shape: Shape, strategy: str) -> float:
+    """Megatron-LM's stored activation bytes of one layer per device (Korthikanti et al. 2022,
+    34·sbh + 5·as²b at 2-byte activations) adapted to this model: no dropout, flash-style
+    attention keeping its output and float32 log-sum-exp instead of the score matrices, the
+    MLP's kind and width. Term by term (docs/strategies.md), in the compute dtype as XLA keeps it:
+
+      the two norms' inputs and the two sub-layers' inputs    4 boundary-sized [rows, seq, h]
+      q, k, v and the attention output                        2·n·k + 2·G·k per token
+      the attention's log-sum-exp (float32)                   n per token
+      the MLP's pre-activations and the activation output     (g + 1)·f per token
+
+    The boundary-sized terms are as the strategy lays out activations between sub-layers (whole
+    under `tp`, the shard under `tp_sp`, as in Megatron with and without sequence parallelism);
+    the others are the layer's totals over the N devices that share its compute."""
+    spec, strat, layer = shape.spec, get_strategy(strategy), shape.layer
+    tokens = shape.batch * shape.seq_len / shape.n_devices
+    boundary = 4 * strat.rows(layer) * strat.boundary_seq(layer) * spec.d_model
+    width = 2 * spec.head_dim * (spec.n_heads + spec.kv_heads) + (shape.g + 1) * spec.d_ff
+    return (boundary + tokens * width) * shape.e_mem + tokens * spec.n_heads * F32
 
 
 def plan_layer_bytes(shape: Shape, strategy: str, remat: str, n_layers: int,

@@ -155,7 +155,7 @@ def default_choices(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, 
 
 def cost_table(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, seq_len: int, n_layers: int,
                vocab: int, param_bytes: int = 4, compute_dtype: Optional[str] = None, optimizer_slots: int = 2,
-               hardware="a100-80gb", choices: Optional[Sequence[Choice]] = None) -> CostTable:
+               hardware="a100-80gb", choices: Optional[Sequence[Choice]] = None, loss_chunk: int = 1024) -> CostTable:
     """The cost table of one (batch, seq_len) bucket on a mesh of these named axis sizes.
 
     spec: the layer's BlockSpec (its compute_dtype is used unless `compute_dtype` is given);
@@ -166,6 +166,7 @@ def cost_table(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, seq_l
     `costmodel.calibration.Calibration` (memory corrections, time coefficients and measured
     layer times of this model).
     choices: default = every feasible strategy x remat policy.
+    loss_chunk: tokens per chunk of the loss (`model.loss_chunk`).
     """
     from costmodel import memory as M
     from costmodel import time as T
@@ -203,7 +204,7 @@ def cost_table(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, seq_l
         stored.append(mem.stored)
         # the embedding / loss transient of a choice's strategy (its loss runs while every layer's
         # stored activations are alive) is folded into the choice's peak: max(layer, loss)
-        peak.append(max(mem.peak, M.loss_memory(shape, c.strategy, vocab)))
+        peak.append(max(mem.peak, M.loss_memory(shape, c.strategy, vocab, loss_chunk)))
         times.append(calib.layer_time(shape, c.strategy, c.remat) if calib is not None
                      else T.layer_time(shape, c.strategy, c.remat, coeffs).total)
     base = M.base_memory(shape, vocab, n_layers)

@@ -248,18 +248,22 @@ def switch_time(shape: Shape, a: str, b: str, coeffs: TimeCoefficients) -> float
 
 def base_time(shape: Shape, vocab: int, n_layers: int, coeffs: TimeCoefficients,
               optimizer_slots: Optional[int] = None) -> float:
-    """Embedding + head matmul + loss (worst over the strategies' layouts) + optimizer update."""
+    """Embedding + head matmul + loss (worst over the strategies' layouts) + optimizer update.
+
+    The chunked loss (`sharding.ops.chunked_loss`) runs the head matmul four times (forward,
+    its recompute in the backward, and the two gradients) and moves the head's bytes three times
+    (a gather, or the ring's blocks forward; blocks and their gradients backward)."""
     spec, N = shape.spec, shape.n_devices
     h = spec.d_model
     tokens = shape.batch * shape.seq_len / N  # every strategy spreads the loss's tokens over N devices
-    head = 3 * 2 * tokens * h * vocab / coeffs.matmul_flops
+    head = 4 * 2 * tokens * h * vocab / coeffs.matmul_flops
     softmax = 3 * tokens * vocab / coeffs.elem_rate
     local_layer, _ = layer_param_elems(spec, N)
     params = local_layer * n_layers + embedding_elems(vocab, h, N) + h
     slots = shape.optimizer_slots if optimizer_slots is None else optimizer_slots
     update = params * shape.param_bytes * (3 + 2 * slots) / coeffs.mem_bw
     gather = vocab * h * shape.param_bytes * (N - 1) / N / coeffs.bw("all-gather") + (N - 1) * coeffs.lat("all-gather")
-    return head + softmax + update + 2 * gather
+    return head + softmax + update + 3 * gather
 
 
 # ------------------------------------------------------------------------------------------------

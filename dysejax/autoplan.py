@@ -139,7 +139,9 @@ class AutoPlanner:
     """Ranked plans per bucket for one model, mesh shape, hardware and per-device budget."""
 
     def __init__(self, spec, mesh_shape: dict, n_layers: int, vocab: int, hardware, budget: Optional[int],
-                 param_dtype: str = "float32", optimizer: str = "adamw", default_remat: str = "none"):
+                 param_dtype: str = "float32", optimizer: str = "adamw", default_remat: str = "none",
+                 loss_chunk: int = 1024):
+        self.loss_chunk = loss_chunk  # tokens per chunk of the loss (`model.loss_chunk`)
         self.default_remat = default_remat  # runs under the model's default policy are written without one
         self.spec, self.mesh_shape, self.n_layers, self.vocab = spec, dict(mesh_shape), n_layers, vocab
         self.hardware, self.budget = hardware, budget
@@ -152,7 +154,7 @@ class AutoPlanner:
         """The cost table of this bucket (every feasible strategy x remat policy by default)."""
         return cost_table(self.spec, self.mesh_shape, batch_size, seq_len, self.n_layers, self.vocab,
                           param_bytes=self.param_bytes, optimizer_slots=self.optimizer_slots,
-                          hardware=self.hardware, choices=choices)
+                          hardware=self.hardware, choices=choices, loss_chunk=self.loss_chunk)
 
     def useful_options(self, seq_len: int, batch_size: int, margin: float = 1.1) -> list:
         """The options (strategy x remat) that can appear in a plan within the budget (x margin):
@@ -173,7 +175,7 @@ class AutoPlanner:
     def with_hardware(self, hardware) -> "AutoPlanner":
         """This planner pricing with other hardware (e.g. a calibration with measured layer times)."""
         return AutoPlanner(self.spec, self.mesh_shape, self.n_layers, self.vocab, hardware, self.budget,
-                           self.param_dtype, self.optimizer, self.default_remat)
+                           self.param_dtype, self.optimizer, self.default_remat, self.loss_chunk)
 
     def plan(self, seq_len: int, batch_size: int) -> BucketPlan:
         """The chosen plan of a bucket and its fallbacks (cached per shape)."""

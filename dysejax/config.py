@@ -56,6 +56,7 @@ class ModelConfig:
     attention_block: int = 512  # key block of the blockwise path; auto uses it above this length
     scan_layers: bool = True
     remat: Literal["none", "full", "dots"] = "none"  # default policy for plan runs without one
+    loss_chunk: int = 1024  # tokens per chunk of the head + cross-entropy (0: all of a device's tokens at once)
     init_std: float = 0.02
 
     @property

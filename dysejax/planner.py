@@ -103,7 +103,8 @@ class Planner:
                     hardware = calibrate_memory_here(hardware, self.mesh, self.spec, shapes, directory, self.log,
                                                      progress)
                 planner = AutoPlanner(self.spec, dict(self.mesh.shape), cfg.model.n_layers, cfg.model.vocab_size,
-                                      hardware, budget, cfg.model.param_dtype, cfg.optimizer.name, cfg.model.remat)
+                                      hardware, budget, cfg.model.param_dtype, cfg.optimizer.name, cfg.model.remat,
+                                      loss_chunk=cfg.model.loss_chunk)
                 if here and profile_time:  # time the options that can appear in a plan, where they decide
                     planner = calibrate_time_here(planner, self.mesh, shapes, directory, self.log, progress)
             self._cost_model = planner

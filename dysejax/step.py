@@ -30,7 +30,8 @@ def _pipelined(module: Transformer, inputs, segment_ids, positions, targets, los
     spec = block_spec(module.cfg)
     x = get_strategy(plan.runs[0].strategy).embed(module.embed, inputs, mesh).astype(spec.dtype)
     return pipeline_loss(pipeline, plan, spec, mesh, module.layers, module.final_norm, module.head(), x,
-                         segment_ids, positions, targets, loss_mask, default_remat=module.cfg.remat)
+                         segment_ids, positions, targets, loss_mask, default_remat=module.cfg.remat,
+                         loss_chunk=module.cfg.loss_chunk)
 
 
 def _microbatches(batch, n: int):

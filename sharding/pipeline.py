@@ -40,10 +40,11 @@ from sharding.layout import StorageLayout
 from sharding.mesh import STAGE_AXIS, mesh_roles
 from sharding.ops import blocks
 from sharding.ops.blocks import BlockSpec, rms_norm
+from sharding.ops.chunked_loss import chunked_nll_sums
 from sharding.ops.varying import vary, varying_axes
 from sharding.plan import Plan
 from sharding.stack import REMAT_POLICIES, layer_forward, layer_weight_shapes
-from sharding.strategies.base import axes_entry, token_cross_entropy
+from sharding.strategies.base import axes_entry
 
 STRATEGIES = ("dp", "fsdp", "tp_sp")
 SCHEDULES = ("gpipe", "1f1b")
@@ -249,18 +250,18 @@ def _stage_backward(layer, w, n_active, inputs, segment_ids, positions, g):
     return g_w, g_x
 
 
-def _head_loss(eps, y, final_norm, head, targets, loss_mask):
-    """(sum of token NLLs, loss tokens) of one micro-batch's final hidden states."""
-    h = rms_norm(y, final_norm, eps)
-    logits = jnp.einsum("bsd,dv->bsv", h, head.astype(h.dtype), preferred_element_type=jnp.float32)
-    return token_cross_entropy(logits, targets, loss_mask)
+def _head_loss(eps, chunk, y, final_norm, head, targets, loss_mask):
+    """(sum of token NLLs, loss tokens) of one micro-batch's final hidden states, `chunk` tokens
+    at a time."""
+    return chunked_nll_sums(rms_norm(y, final_norm, eps), head, targets, loss_mask, chunk)
 
 
 class _Schedule:
     """The per-device pipeline programs of one (pipeline, plan, shape) on a mesh."""
 
-    def __init__(self, pipe: Pipeline, plan: Plan, spec: BlockSpec, mesh: Mesh, remat: str):
+    def __init__(self, pipe: Pipeline, plan: Plan, spec: BlockSpec, mesh: Mesh, remat: str, loss_chunk: int = 0):
         self.p, self.m, self.mesh, self.spec = pipe.stages, pipe.microbatches, mesh, spec
+        self.loss_chunk = loss_chunk
         self.parts = pipe.layers_per_stage(plan.n_layers)
         self.axes = tuple(mesh.axis_names)
         self.stage = _StageLayout(plan.runs[0].strategy, mesh)
@@ -285,7 +286,7 @@ class _Schedule:
         """Forward ticks with the loss on the last stage; differentiated by autodiff."""
         p, m = self.p, self.m
         w, final_norm, head, s, n_active = self._local(w, final_norm, head)
-        loss = jax.checkpoint(partial(_head_loss, self.spec.norm_eps))
+        loss = jax.checkpoint(partial(_head_loss, self.spec.norm_eps, self.loss_chunk))
 
         def tick(carry, t):
             recv, loss_sum, count = carry
@@ -323,7 +324,7 @@ class _Schedule:
             j = t - 2 * (p - 1) + s
             i_b, ok_b = jnp.clip(j, 0, m - 1), (j >= 0) & (j < m)
             (ls, cnt), head_vjp = jax.vjp(
-                lambda y, final_norm, head: _head_loss(self.spec.norm_eps, y, final_norm, head,
+                lambda y, final_norm, head: _head_loss(self.spec.norm_eps, self.loss_chunk, y, final_norm, head,
                                                        _at(targets, i_b), _at(masks, i_b)), y, final_norm, head)
             g_ls = jnp.where(ok_b & last, 1.0, 0.0) + _zeros_like(ls)
             g_head_y, g_norm, g_head = head_vjp((g_ls, _zeros_like(cnt)))
@@ -352,10 +353,10 @@ class _Schedule:
 
 
 def pipeline_loss(pipe: Pipeline, plan: Plan, spec: BlockSpec, mesh: Mesh, layers, final_norm, head, x,
-                  segment_ids, positions, targets, loss_mask, default_remat: str = "none"):
+                  segment_ids, positions, targets, loss_mask, default_remat: str = "none", loss_chunk: int = 0):
     """(sum of token NLLs, loss tokens) of the layer stack as a pipeline, from embeddings x [B, S, D]."""
     pipe.check(plan, spec, mesh, x.shape[0], x.shape[1])
-    sched = _Schedule(pipe, plan, spec, mesh, default_remat)
+    sched = _Schedule(pipe, plan, spec, mesh, default_remat, loss_chunk)
     m = pipe.microbatches
     args = (stage_weights(dict(layers), sched.parts), final_norm, head,
             *(micro_batches(a, m) for a in (x, segment_ids, positions, targets, loss_mask)))

@@ -87,8 +87,8 @@ def final_hidden(plan: Plan, stacked, final_norm, x, segment_ids, positions, spe
     return rms_norm(x, final_norm, spec.norm_eps)
 
 
-def head_loss(plan: Plan, x, head, targets, loss_mask, mesh: Mesh):
+def head_loss(plan: Plan, x, head, targets, loss_mask, mesh: Mesh, chunk: int = 0):
     """(sum of token NLLs, loss tokens) of final hidden states and the [D, V] head, computed by
-    the plan's last strategy."""
+    the plan's last strategy `chunk` tokens at a time (<= 0: one chunk)."""
     head, x = Ordering.for_mesh(mesh).tie(head, x)  # the head's collectives after the layers'
-    return get_strategy(plan.runs[-1].strategy).loss_sums(x, head, targets, loss_mask, mesh)
+    return get_strategy(plan.runs[-1].strategy).loss_sums(x, head, targets, loss_mask, mesh, chunk)

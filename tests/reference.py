@@ -81,15 +81,18 @@ def relative_error(a, b) -> float:
 
 
 def check_against_reference(plan_value, mesh_axes: Optional[dict] = None, *, batch: int = 2, seq: int = 200,
-                            extra: Sequence[str] = (), rtol: float = 1e-5, seed: int = 0):
-    """Assert a plan's loss and gradients equal the single-device `dp` reference."""
+                            extra: Sequence[str] = (), rtol: float = 1e-5, seed: int = 0,
+                            ref_extra: Sequence[str] = ()):
+    """Assert a plan's loss and gradients equal the single-device `dp` reference (whose config
+    adds `ref_extra`)."""
     cfg = model_config(*extra)
     params = jax.tree.map(np.asarray, nn.unbox(init_params(cfg, jax.random.key(seed))))
     data = packed_batch(batch, seq, seed)
     mesh = build_mesh(mesh_axes or {"data": 8})
     plan = parse_plan(plan_value, cfg.n_layers, list(STRATEGIES))
     ref_plan = parse_plan("dp", cfg.n_layers, list(STRATEGIES))
-    ref_loss, ref_grads = step_on(ref_plan, build_mesh({"data": 1}, jax.devices()[:1]), cfg, params, data)
+    ref_cfg = model_config(*extra, *ref_extra)
+    ref_loss, ref_grads = step_on(ref_plan, build_mesh({"data": 1}, jax.devices()[:1]), ref_cfg, params, data)
     loss, grads = step_on(plan, mesh, cfg, params, data)
     assert abs(loss - ref_loss) <= rtol * abs(ref_loss), (plan.id, seq, loss, ref_loss)
     for (path, g), r in zip(jax.tree_util.tree_flatten_with_path(grads)[0], jax.tree.leaves(ref_grads)):

@@ -328,3 +328,20 @@ def test_plan_bytes_match_the_trainers_compiled_step(tmp_path, tiny_config):
         pred = table.plan_bytes_backward(per_layer)
         assert pred <= table.plan_bytes(per_layer)
         assert abs(pred - xla) / xla < bound, (written, pred, xla)
+
+
+def test_megatron_figure_by_hand():
+    """Korthikanti et al.'s per-layer figure adapted (no dropout, flash attention, the MLP's
+    kind): 16·sbh + 6·sbf bytes (gated) / 16·sbh + 4·sbf (plain) at 2 bytes, doubled at float32,
+    over the devices sharing the layer; `tp` keeps its 4 boundary-sized arrays whole."""
+    h, f, s, b, n = 256, 768, 4096, 8, 8
+    for gated, mlp in ((True, 6), (False, 4)):
+        spec = BlockSpec(n_heads=8, head_dim=32, d_model=h, d_ff=f, gated=gated)
+        shape = M.Shape(spec, {"data": n}, b, s, backend="cpu")
+        lse = b * s / n * 8 * 4
+        tokens = b * s / n
+        assert M.megatron_activation_bytes(shape, "dp") == pytest.approx(2 * tokens * (16 * h + mlp * f) + lse)
+        assert M.megatron_activation_bytes(shape, "tp_sp") == pytest.approx(2 * tokens * (16 * h + mlp * f) + lse)
+        # tp: the norms' and sub-layers' inputs [b, s, h] whole on every device, the rest split
+        whole = 4 * b * s * h * 4
+        assert M.megatron_activation_bytes(shape, "tp") == pytest.approx(whole + 2 * tokens * (8 * h + mlp * f) + lse)

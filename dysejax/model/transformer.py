@@ -87,7 +87,7 @@ class Transformer(nn.Module):
     def __call__(self, inputs, segment_ids, positions, targets, loss_mask, *, plan: Plan, mesh: Mesh):
         """(sum of token NLLs, number of loss tokens), the loss computed by the last strategy."""
         x = self.hidden(inputs, segment_ids, positions, plan=plan, mesh=mesh)
-        return head_loss(plan, x, self.head(), targets, loss_mask, mesh)
+        return head_loss(plan, x, self.head(), targets, loss_mask, mesh, self.cfg.loss_chunk)
 
     def logits(self, inputs, segment_ids, positions, *, plan: Plan, mesh: Mesh):
         """float32 logits [B, S, V] (for inspection and tests; training uses `__call__`)."""

@@ -29,10 +29,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from sharding import layout as L
 from sharding.ops import blocks
 from sharding.ops.blocks import BlockSpec
+from sharding.ops.chunked_loss import chunked_nll_sums, ring_nll_sums
+from sharding.ops.ring import Ring
+from sharding.ops.vocab_parallel import ring_embed
 from sharding.strategies.description import (
     BATCH_ROLE, DEVICES_ROLE, MODEL_ROLE, Description, LayerShape, Rules, axes_entry, role_axes)
 
-__all__ = ["Strategy", "StrategyShapeError", "axes_entry", "constrain", "shard_map", "token_cross_entropy"]
+__all__ = ["Strategy", "StrategyShapeError", "axes_entry", "constrain", "shard_map"]
 
 
 class StrategyShapeError(ValueError):
@@ -51,6 +54,14 @@ def shard_map(f, mesh: Mesh, in_specs, out_specs):
                          axis_names=frozenset(role_axes(mesh, DEVICES_ROLE)))
 
 
+def _spec_axes(spec: P) -> set[str]:
+    """Mesh axes a PartitionSpec splits over."""
+    out = set()
+    for entry in spec:
+        out |= set(entry) if isinstance(entry, tuple) else ({entry} if entry else set())
+    return out
+
+
 def batch_entry(mesh: Mesh):
     return axes_entry(role_axes(mesh, BATCH_ROLE))
 
@@ -61,14 +72,6 @@ def model_entry(mesh: Mesh):
 
 def model_size(mesh: Mesh) -> int:
     return math.prod(mesh.shape[a] for a in role_axes(mesh, MODEL_ROLE))
-
-
-def token_cross_entropy(logits, targets, loss_mask):
-    """(sum of masked token NLLs, number of loss tokens) from float32 logits."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    mask = loss_mask.astype(jnp.float32)
-    return jnp.sum(nll * mask), jnp.sum(mask)
 
 
 # What a check calls a role's size in its message.
@@ -154,20 +157,57 @@ class Strategy(abc.ABC):
                 constrain(positions, mesh, tokens))
 
     def embed(self, table, tokens, mesh: Mesh):
-        """Token embeddings [B, S, D] in the boundary layout (default: gather the table)."""
+        """Token embeddings [B, S, D] in the boundary layout. Default: where the loss's head
+        blocks travel a ring (`loss_split`), the table's row blocks travel it too
+        (`vocab_parallel.ring_embed`); otherwise the table is gathered."""
+        ring = self._vocab_ring(table.shape[0], mesh)
+        if ring:
+            fn = shard_map(lambda t, ids: ring_embed(t, ids, Ring.over(mesh, ring)), mesh,
+                           in_specs=(P(axes_entry(ring), None), self.token_spec(mesh)),
+                           out_specs=self.boundary_spec(mesh))
+            return fn(table, tokens)
         x = jnp.take(constrain(table, mesh, P()), constrain(tokens, mesh, self.token_spec(mesh)), axis=0)
         return constrain(x, mesh, self.boundary_spec(mesh))
 
-    def loss_sums(self, x, head, targets, loss_mask, mesh: Mesh):
-        """(sum of token NLLs, loss tokens) from final hidden states and the [D, V] head.
+    def _vocab_ring(self, vocab: int, mesh: Mesh) -> tuple[str, ...]:
+        """The mesh axes (in the storage layout's order) whose ring the vocabulary's blocks
+        travel, per `loss_split`; () when they do not."""
+        axes = role_axes(mesh, MODEL_ROLE) + role_axes(mesh, BATCH_ROLE)
+        size = lambda group: math.prod(mesh.shape[a] for a in group)  # noqa: E731
+        split = size(a for a in axes if a in _spec_axes(self.token_spec(mesh)))
+        return axes if self.loss_split(vocab, split, size(axes), model_size(mesh))[0] == "ring" else ()
 
-        Default: gather the head, logits for the tokens this device holds in the boundary layout.
+    def loss_split(self, vocab: int, token_split: int, n_devices: int, p: int) -> tuple[str, int]:
+        """How the loss splits the head's vocabulary over devices, given how many ways the tokens
+        are split (`token_split`), the device count and the model-parallel size: ("ring", n)
+        when every device holds its own tokens and the n devices divide the vocabulary (the
+        head's blocks travel a ring), else ("whole", 1) (the head gathered on every device)."""
+        if n_devices > 1 and token_split == n_devices and vocab % n_devices == 0:
+            return "ring", n_devices
+        return "whole", 1
+
+    def loss_sums(self, x, head, targets, loss_mask, mesh: Mesh, chunk: int = 0):
+        """(sum of token NLLs, loss tokens) from final hidden states and the [D, V] head, `chunk`
+        tokens at a time (`sharding.ops.chunked_loss`; <= 0: one chunk).
+
+        Default: where every device holds its own tokens and the devices divide the vocabulary,
+        the head's vocabulary blocks travel a ring of all devices (no device holds the whole
+        head or any token's full logits); otherwise the head is gathered.
         """
-        head = constrain(head, mesh, P()).astype(x.dtype)
-        logits = jnp.einsum("bsd,dv->bsv", x, head, preferred_element_type=jnp.float32)
-        tokens = self.token_spec(mesh)
-        return token_cross_entropy(constrain(logits, mesh, self.boundary.spec((L.BATCH, L.SEQ, L.VOCAB), mesh)),
-                                   constrain(targets, mesh, tokens), constrain(loss_mask, mesh, tokens))
+        ring, tokens = self._vocab_ring(head.shape[1], mesh), self.token_spec(mesh)
+        token_axes = tuple(a for a in role_axes(mesh, DEVICES_ROLE) if a in _spec_axes(tokens))
+
+        def local(x, head, targets, mask):
+            if ring:
+                sums = ring_nll_sums(x, head, targets, mask, chunk, Ring.over(mesh, ring))
+            else:
+                sums = chunked_nll_sums(x, head, targets, mask, chunk)
+            return jax.lax.psum(sums, token_axes) if token_axes else sums
+
+        head_spec = P(None, axes_entry(ring)) if ring else P()
+        fn = shard_map(local, mesh, in_specs=(self.boundary_spec(mesh), head_spec, tokens, tokens),
+                       out_specs=(P(), P()))
+        return fn(x, head, targets, loss_mask)
 
     @abc.abstractmethod
     def attention(self, w, x, segment_ids, positions, spec: BlockSpec, mesh: Mesh):

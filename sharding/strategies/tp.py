@@ -19,7 +19,8 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from sharding import layout as L
 from sharding.ops import blocks
-from sharding.ops.vocab_parallel import vocab_parallel_embed_partial, vocab_parallel_nll
+from sharding.ops.chunked_loss import chunked_nll_sums
+from sharding.ops.vocab_parallel import vocab_parallel_embed_partial
 from sharding.strategies.base import Strategy, model_size, shard_map
 from sharding.strategies.description import (
     BATCH_ROLE, MODEL_ROLE, AttentionWork, Collective, Description, Extents, Rules, Saved, dense_or_tiles,
@@ -92,16 +93,20 @@ class TensorParallel(Strategy):
                        out_specs=self.boundary_spec(mesh))
         return fn(table, tokens)
 
-    def loss_sums(self, x, head, targets, loss_mask, mesh):
-        if not self._vocab_split(head.shape[1], mesh):
-            return super().loss_sums(x, head, targets, loss_mask, mesh)
+    def loss_split(self, vocab, token_split, n_devices, p):
+        """Vocabulary-parallel over the model group (Megatron) where p divides the vocabulary."""
+        if p > 1 and vocab % p == 0:
+            return "vocab", p
+        return super().loss_split(vocab, token_split, n_devices, p)
+
+    def loss_sums(self, x, head, targets, loss_mask, mesh, chunk=0):
+        if self.loss_split(head.shape[1], 1, 1, model_size(mesh))[0] != "vocab":
+            return super().loss_sums(x, head, targets, loss_mask, mesh, chunk)
         batch_axes, axes = role_axes(mesh, BATCH_ROLE), role_axes(mesh, MODEL_ROLE)
         tokens = self.compute.spec(L.TOKEN_AXES, mesh)
 
         def local(x, head, targets, mask):
-            nll = vocab_parallel_nll(self._gather(x, axes), head, targets, axes)
-            mask = mask.astype(nll.dtype)
-            sums = (jax.numpy.sum(nll * mask), jax.numpy.sum(mask))
+            sums = chunked_nll_sums(self._gather(x, axes), head, targets, mask, chunk, vocab_axes=axes)
             return jax.lax.psum(sums, batch_axes) if batch_axes else sums
 
         fn = shard_map(local, mesh, in_specs=(self.boundary_spec(mesh), self.weights.spec(L.HEAD_AXES, mesh), tokens, tokens),
