@@ -55,7 +55,7 @@ class ModelConfig:
     attention: Literal["auto", "dense", "blockwise", "cudnn", "pallas"] = "auto"
     attention_block: int = 512  # key block of the blockwise path; auto uses it above this length
     scan_layers: bool = True
-    remat: Literal["none", "full", "dots"] = "none"  # default policy for plan runs without one
+    remat: Literal["none", "selective", "dots", "full"] = "none"  # default policy for plan runs without one
     loss_chunk: int = 1024  # tokens per chunk of the head + cross-entropy (0: all of a device's tokens at once)
     init_std: float = 0.02
 

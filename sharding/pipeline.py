@@ -43,7 +43,8 @@ from sharding.ops.blocks import BlockSpec, rms_norm
 from sharding.ops.chunked_loss import chunked_nll_sums
 from sharding.ops.varying import vary, varying_axes
 from sharding.plan import Plan
-from sharding.stack import REMAT_POLICIES, layer_forward, layer_weight_shapes
+from sharding.remat import checkpointed
+from sharding.stack import layer_forward, layer_weight_shapes
 from sharding.strategies.base import axes_entry
 
 STRATEGIES = ("dp", "fsdp", "tp_sp")
@@ -220,9 +221,7 @@ def _shift(x, p: int, step: int):
 def _layer_fn(sublayers, spec: BlockSpec, remat: str, masked: bool):
     """One layer slot of a stage: (w_j, j, n_active, x, seg, pos) -> x'; slots at or past
     `n_active` (padding of an uneven partition) are the identity."""
-    body = partial(layer_forward, sublayers, spec, None, ordered=False)
-    if remat != "none":
-        body = jax.checkpoint(body, policy=REMAT_POLICIES[remat])
+    body = checkpointed(partial(layer_forward, sublayers, spec, None, ordered=False), remat)
 
     def layer(wj, j, n_active, x, segment_ids, positions):
         y = body(wj, x, segment_ids, positions)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-REMAT_POLICIES = ("none", "full", "dots")
+from sharding.remat import NAMES as REMAT_NAMES
+
 
 
 class PlanSyntaxError(ValueError):
@@ -84,8 +85,8 @@ def _parse_run(item: Any, where: str) -> Run:
         raise PlanSyntaxError(f"{where}: strategy must be a name, got {name!r}")
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
         raise PlanSyntaxError(f"{where}: layer count must be a positive integer, got {n!r}")
-    if remat is not None and remat not in REMAT_POLICIES:
-        raise PlanSyntaxError(f"{where}: remat must be one of {', '.join(REMAT_POLICIES)}, got {remat!r}")
+    if remat is not None and remat not in REMAT_NAMES:
+        raise PlanSyntaxError(f"{where}: remat must be one of {', '.join(REMAT_NAMES)}, got {remat!r}")
     return Run(name, n, remat)
 
 

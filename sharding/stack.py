@@ -20,13 +20,8 @@ from sharding import layout as L
 from sharding.ops.blocks import BlockSpec, rms_norm
 from sharding.ops.ordering import Ordering
 from sharding.plan import Plan
+from sharding.remat import checkpointed, keep
 from sharding.strategies import get_strategy
-
-REMAT_POLICIES = {
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
-
 
 def layer_weight_shapes(spec: BlockSpec) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
     """Per-layer weight shapes and logical axes (without the leading layers axis)."""
@@ -48,7 +43,7 @@ def layer_forward(strategy, spec: BlockSpec, mesh: Mesh, w, x, segment_ids, posi
     attn, x = order.tie({k: w[k] for k in ATTENTION_WEIGHTS}, x)
     w = dict(w, **attn)
     h = rms_norm(x, w["attn_norm"], spec.norm_eps)
-    x = x + strategy.attention(w, h, segment_ids, positions, spec, mesh)
+    x = keep(x + strategy.attention(w, h, segment_ids, positions, spec, mesh))
     mlp, x = order.tie({k: v for k, v in w.items() if k not in ATTENTION_WEIGHTS}, x)
     w = dict(w, **mlp)
     h = rms_norm(x, w["mlp_norm"], spec.norm_eps)
@@ -65,10 +60,7 @@ def run_layers(plan: Plan, stacked, x, segment_ids, positions, spec: BlockSpec, 
         weights, x = order.tie(weights, x)  # this run's weight collectives after the previous run's
         weights = strategy.run_weights(weights, mesh)
         x, seg, pos = strategy.enter(x, segment_ids, positions, mesh)
-        body = partial(layer_forward, strategy, spec, mesh)
-        policy = run.remat or default_remat
-        if policy != "none":
-            body = jax.checkpoint(body, policy=REMAT_POLICIES[policy])
+        body = checkpointed(partial(layer_forward, strategy, spec, mesh), run.remat or default_remat)
         if scan:
             x, _ = jax.lax.scan(lambda carry, w: (body(w, carry, seg, pos), None), x, weights)
         else:

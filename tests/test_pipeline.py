@@ -75,6 +75,10 @@ def test_tp_sp_inside_stages(schedule):
     check_pipeline(Pipeline(2, 2, schedule), {"stage": 2, "data": 2, "model": 2}, "tp_sp")
 
 
+def test_selective_remat_inside_stages():
+    check_pipeline(Pipeline(2, 2, "1f1b"), {"stage": 2, "data": 2, "model": 2}, [["tp_sp", LAYERS, "selective"]])
+
+
 def test_trainer_pipeline_trains_and_resumes_like_dp(tiny_config, tmp_path):
     # Same batches as dp (micro-batches x in-stage devices = 8 = the batch multiple of dp).
     common = ["model.n_layers=3", "data.buckets=[64]", "train.eval_every=2", "train.checkpoint_every=2"]

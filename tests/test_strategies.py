@@ -36,10 +36,15 @@ def test_mixed_plans_match_reference(plan, layers, batch):
     check_against_reference(plan, batch=batch, seq=96, extra=[f"model.n_layers={layers}"])
 
 
-@pytest.mark.parametrize("remat", ["dots", "full"])
+@pytest.mark.parametrize("remat", ["selective", "dots", "full"])
 @pytest.mark.parametrize("strategy", ["dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp"])
 def test_every_strategy_under_remat_matches_reference(strategy, remat):
     check_against_reference([[strategy, 2, remat]], batch=8 if strategy in ("dp", "fsdp") else 2, seq=96)
+
+
+def test_selective_remat_with_dense_attention_matches_reference():
+    """Dense attention keeps no probabilities under `selective`: it runs again in the backward."""
+    check_against_reference([["dp", 2, "selective"]], batch=8, seq=96, extra=["model.attention=dense"])
 
 
 def test_every_strategy_trains_like_dp(tiny_config, tmp_path):

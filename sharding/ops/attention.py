@@ -28,6 +28,7 @@ from sharding.ops.online_softmax import (
     scores,
     weigh_kv,
 )
+from sharding.remat import keep
 
 _F32 = jnp.float32
 
@@ -83,7 +84,8 @@ def _flash(q, k, v, qseg, kseg, qidx, kidx, causal, scale, bq, bk):
 def _flash_fwd(q, k, v, qseg, kseg, qidx, kidx, causal, scale, bq, bk):
     ids = (qseg, kseg, qidx, kidx)
     carry = attend_tiled(init_carry(q), q, k, v, ids, causal=causal, scale=scale, bq=bq, bk=bk)
-    out, lse = finish(carry, dtype=q.dtype)
+    out, lse = keep(finish(carry, dtype=q.dtype))
+    q, k, v = keep((q, k, v))
     return out, (q, k, v, qseg, kseg, qidx, kidx, out, lse)
 
 

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from sharding.ops.attention import blockwise_attention, dense_attention
 from sharding.ops.fused_attention import KERNELS, fused_attention
 from sharding.ops.rope import RopeScaling, apply_rope
+from sharding.remat import keep
 
 
 @dataclass(frozen=True)
@@ -72,15 +73,15 @@ def qkv_projection(w, x, positions, spec: BlockSpec):
     """x [B,S,D] @ w["wq"] [D,H,K], w["wkv"] [D,2,G,K] -> rotated q [B,S,H,K], rotated k and
     v [B,S,G,K]."""
     H, G = w["wq"].shape[1], w["wkv"].shape[2]
-    rope = lambda t: apply_rope(t, positions, spec.rope_theta, spec.rope_scaling)  # noqa: E731
+    rope = lambda t: keep(apply_rope(t, positions, spec.rope_theta, spec.rope_scaling))  # noqa: E731
     # One matmul for q, k and v (two would keep another [B, S, D] partial sum in the backward).
     # With as many K/V heads as query heads, a leading q/k/v axis makes the three slices free.
     wqkv = _joined(w["wq"], w["wkv"], grouped=G != H).astype(x.dtype)
     if G == H:
         qkv = jnp.einsum("bsd,dthk->tbshk", x, wqkv)
-        return rope(qkv[0]), rope(qkv[1]), qkv[2]
+        return rope(qkv[0]), rope(qkv[1]), keep(qkv[2])
     qkv = jnp.einsum("bsd,dhk->bshk", x, wqkv)
-    return rope(qkv[:, :, :H]), rope(qkv[:, :, H:H + G]), qkv[:, :, H + G:]
+    return rope(qkv[:, :, :H]), rope(qkv[:, :, H:H + G]), keep(qkv[:, :, H + G:])
 
 
 def _joined(wq, wkv, grouped: bool):
@@ -141,7 +142,7 @@ def attention_block(w, x, segment_ids, positions, spec: BlockSpec, index: Option
 
 def mlp_hidden(w_in, x, spec: BlockSpec):
     """act(x W_gate) * (x W_up) for gated MLPs, act(x W_in) otherwise; w_in [D, G, F]."""
-    h = jnp.einsum("bsd,dgf->gbsf", x, w_in.astype(x.dtype))
+    h = keep(jnp.einsum("bsd,dgf->gbsf", x, w_in.astype(x.dtype)))  # the activation is recomputed
     act = _ACTIVATIONS[spec.activation]
     return act(h[0]) * h[1] if spec.gated else act(h[0])
 

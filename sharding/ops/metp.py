@@ -31,6 +31,7 @@ from sharding.ops.blocks import BlockSpec
 from sharding.ops.ring import Ring, pipeline, ring_backward, ring_forward
 from sharding.ops.ring_attention import chunk_index, ring_attention_backward, ring_attention_forward
 from sharding.ops.varying import vary_like
+from sharding.remat import keep
 
 _F32 = jnp.float32
 
@@ -140,6 +141,7 @@ def metp_attention(x, seg, pos, w, spec: BlockSpec, ring: Ring):
 
 def _metp_attention_fwd(x, seg, pos, w, spec, ring):
     out, o_all, lse_all = attention_forward(x, seg, pos, w, spec, ring)
+    o_all, lse_all = keep((o_all, lse_all))  # x and w (the normed input, cast weights) are cheap to redo
     return out, (x, seg, pos, w, o_all, lse_all)
 
 

@@ -38,6 +38,7 @@ from sharding.ops.online_softmax import (
 )
 from sharding.ops.ring import Ring, ring_backward, ring_forward
 from sharding.ops.varying import vary, varying_axes
+from sharding.remat import keep
 
 AxisName = Union[str, Sequence[str]]
 _F32 = jnp.float32
@@ -113,7 +114,8 @@ def _ring_attention(q, k, v, ids, ring, causal, scale, bq, bk):
 
 
 def _ring_attention_fwd(q, k, v, ids, ring, causal, scale, bq, bk):
-    out, lse = ring_attention_forward(q, k, v, ids, ring, causal=causal, scale=scale, bq=bq, bk=bk)
+    out, lse = keep(ring_attention_forward(q, k, v, ids, ring, causal=causal, scale=scale, bq=bq, bk=bk))
+    q, k, v = keep((q, k, v))
     return out, (q, k, v, ids, out, lse)
 
 

@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 from sharding.mesh import STAGE_AXIS, mesh_roles
 from sharding.ops.blocks import BlockSpec
+from sharding.remat import NAMES as REMAT_NAMES, remat_policy
 
 BATCH_ROLE, MODEL_ROLE, DEVICES_ROLE = "batch", "model", "devices"
 ROLES = (BATCH_ROLE, MODEL_ROLE, DEVICES_ROLE)
@@ -259,24 +260,22 @@ class Description:
 # ------------------------------------------------------------------------------------------
 # Shared pieces of descriptions
 # ------------------------------------------------------------------------------------------
-REMATS = ("none", "full", "dots")
+REMATS = REMAT_NAMES
 
 
 def recomputes(remat: str) -> int:
     """Extra forward passes of the matmuls under this remat policy."""
-    _check_remat(remat)
-    return 1 if remat == "full" else 0
+    return remat_policy(remat).matmul_recompute
 
 
 def recomputes_attention(remat: str) -> int:
     """Extra forward passes of attention under this remat policy."""
-    _check_remat(remat)
-    return 0 if remat == "none" else 1
+    return remat_policy(remat).attention_recompute
 
 
-def _check_remat(remat: str):
-    if remat not in REMATS:
-        raise ValueError(f"remat must be none, full or dots, got {remat!r}")
+def keeps_gathered(remat: str) -> bool:
+    """Whether arrays gathered in the forward are kept for the backward (else gathered again)."""
+    return remat_policy(remat).keeps_gathered
 
 
 def residuals(ext: Extents, att: float = 2, kv: float = 2, mlp: float = 6) -> Saved:
@@ -288,11 +287,19 @@ def residuals(ext: Extents, att: float = 2, kv: float = 2, mlp: float = 6) -> Sa
                  lse=0 if ext.dense else 1, mlp=mlp)
 
 
-def saved_under(remat: str, none: Saved, dots: Saved) -> Saved:
-    """The backward's residuals under a remat policy: all of them, the matmul outputs without
-    batch dimensions (`dots`), or the layer input only (`full`)."""
-    _check_remat(remat)
-    return {"none": none, "dots": dots, "full": Saved(boundary=1)}[remat]
+def selective(ext: Extents, g: float, att: float = 2, kv: float = 2) -> Saved:
+    """What `selective` keeps (`sharding.remat`): the layer input and the residual sum after
+    attention, `att` q-sized (q, o) and `kv` k-sized attention arrays with the log-sum-exp
+    (dense attention keeps no o or log-sum-exp: it runs again), the `g` MLP pre-activations."""
+    return Saved(boundary=2, att=att - (1 if ext.dense else 0), kv=kv, lse=0 if ext.dense else 1, mlp=g)
+
+
+def saved_under(remat: str, none: Saved, dots: Saved, kept_by_selective: Saved) -> Saved:
+    """The backward's residuals under a remat policy: all of them, the marked ones
+    (`selective`), the matmul outputs without batch dimensions (`dots`), or the layer input
+    only (`full`)."""
+    remat_policy(remat)
+    return {"none": none, "selective": kept_by_selective, "dots": dots, "full": Saved(boundary=1)}[remat]
 
 
 def dense_or_tiles(shape: LayerShape, rows: float, heads: float, s: float) -> tuple[bool, float, float]:
@@ -308,7 +315,7 @@ def gathered_weights(shape: LayerShape, remat: str) -> tuple[float, float]:
     full-size float32 gradient while the layer runs."""
     big, pb, e = shape.matrix_elems, shape.param_bytes, shape.e_mem
     cast = e if shape.converted else 0
-    kept = big * (e if shape.converted else pb) if remat == "none" else 0.0
+    kept = big * (e if shape.converted else pb) if keeps_gathered(remat) else 0.0
     return kept, big * (pb + cast) + big * F32
 
 
@@ -316,7 +323,7 @@ def gather_per_layer(shape: LayerShape, remat: str, role: str = DEVICES_ROLE, sh
     """The weight gathers (again in the backward under remat) and gradient reduce-scatter of a
     strategy that gathers `1/share` of each layer's weights over `role` per layer."""
     big = shape.matrix_elems / share if share > 1 else shape.matrix_elems
-    return (Collective("all-gather", role, big * shape.param_bytes, 1 + (1 if remat != "none" else 0)),
+    return (Collective("all-gather", role, big * shape.param_bytes, 1 + (0 if keeps_gathered(remat) else 1)),
             Collective("reduce-scatter", role, big * F32))
 
 
@@ -325,7 +332,7 @@ def model_block_weights(shape: LayerShape, remat: str) -> tuple[float, float]:
     compute-dtype copy of the block kept when it was cast or gathered over the batch axes; the
     block gathered over the batch axes and its gradient (or only its cast) while it runs."""
     blk = shape.matrix_elems / shape.p
-    kept = blk * shape.e_mem if remat == "none" and (shape.converted or shape.d > 1) else 0.0
+    kept = blk * shape.e_mem if keeps_gathered(remat) and (shape.converted or shape.d > 1) else 0.0
     if shape.d > 1:
         return kept, blk * (shape.param_bytes + F32)
     return kept, blk * (shape.e_mem if shape.converted else 0)

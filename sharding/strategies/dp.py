@@ -3,7 +3,7 @@ from sharding.ops import blocks
 from sharding.strategies.base import Strategy, constrain
 from sharding.strategies.description import (
     DEVICES_ROLE, F32, AttentionWork, Collective, Description, Extents, Rules, dense_or_tiles, projection_flops,
-    residuals, saved_under, standard_dots)
+    keeps_gathered, residuals, saved_under, selective, standard_dots)
 
 
 class DataParallel(Strategy):
@@ -33,7 +33,7 @@ class DataParallel(Strategy):
         ext = Extents(rows, s, s, rows * s, spec.n_heads, spec.kv_heads, rows * s * spec.d_ff, dense, score, tiles)
         kept, transient = self.weight_bytes(shape, remat)
         return Description(
-            ext, saved_under(remat, residuals(ext), standard_dots(shape)), kept, transient, 0.0,
+            ext, saved_under(remat, residuals(ext), standard_dots(shape), selective(ext, shape.g)), kept, transient, 0.0,
             projection_flops(shape, rows * s, remat),
             AttentionWork(rows, spec.n_heads, s, s, tiled=shape.blockwise, flash=shape.blockwise),
             shape.tiles(s, s) if shape.blockwise else 0, self.weight_collectives(shape, remat))
@@ -43,7 +43,7 @@ class DataParallel(Strategy):
         (+ a compute-dtype cast; XLA:CPU computes bfloat16 in float32 and keeps no separate cast)."""
         big, pb = shape.matrix_elems, shape.param_bytes
         cast = shape.e_mem if shape.converted else 0
-        kept = big * (pb + F32 + (cast if shape.backend != "cpu" else 0)) if remat == "none" else big * (pb + F32)
+        kept = big * (pb + F32 + (cast if shape.backend != "cpu" else 0)) if keeps_gathered(remat) else big * (pb + F32)
         return kept, big * F32
 
     def weight_collectives(self, shape, remat):

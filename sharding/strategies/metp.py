@@ -22,7 +22,8 @@ from sharding.ops.ring import Ring
 from sharding.strategies.base import Strategy, model_size, shard_map
 from sharding.strategies.description import (
     BATCH_ROLE, DEVICES_ROLE, F32, MODEL_ROLE, AttentionWork, Collective, Description, Extents, RingStep, Rules,
-    Saved, gather_per_layer, model_block_weights, projection_flops, recomputes, residuals, role_axes, saved_under)
+    Saved, gather_per_layer, model_block_weights, projection_flops, recomputes, recomputes_attention, residuals,
+    role_axes, saved_under, selective)
 
 
 class MemoryEfficientTensorParallel(Strategy):
@@ -62,7 +63,8 @@ class MemoryEfficientTensorParallel(Strategy):
                       rows * n / p * min(spec.attention_block, c) ** 2)
         # only o per head group and its log-sum-exp; under dots, the ring steps' projection
         # outputs (matmuls without batch dims)
-        saved = saved_under(remat, residuals(ext, att=1, kv=0, mlp=0), Saved(boundary=1 + p, att=3))
+        saved = saved_under(remat, residuals(ext, att=1, kv=0, mlp=0), Saved(boundary=1 + p, att=3),
+                            selective(ext, 0, att=1, kv=0))
         kept, transient = model_block_weights(shape, remat)
         # travelling MLP blocks + grads (double buffered), head-group broadcasts
         w_mlp = (g * h * f + f * h) / p
@@ -95,7 +97,7 @@ class MemoryEfficientTensorParallel(Strategy):
     def ring_steps(self, shape, tokens, remat) -> tuple[RingStep, ...]:
         spec, p, e, g = shape.spec, shape.p, shape.e, shape.g
         h, f = spec.d_model, spec.d_ff
-        passes = 1 + (1 if remat != "none" else 0)
+        passes = 1 + recomputes_attention(remat)  # dots and full run the forward rings again
         # MLP: a weight block hops while the previous one computes: p - 1 hops per forward; the
         # backward (recompute + 2 gradient matmuls per block) moves block and f32 gradient per step
         wblk_mlp = (g * h * f + f * h) / p * e

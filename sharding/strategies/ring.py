@@ -16,7 +16,7 @@ from sharding.ops.ring_attention import chunk_index, ring_attention
 from sharding.strategies.base import Strategy, constrain, model_entry, model_size, shard_map
 from sharding.strategies.description import (
     BATCH_ROLE, F32, MODEL_ROLE, AttentionWork, Description, Extents, RingStep, Rules, gather_per_layer,
-    gathered_weights, projection_flops, recomputes_attention, residuals, saved_under, standard_dots)
+    gathered_weights, projection_flops, recomputes_attention, residuals, saved_under, selective, standard_dots)
 
 
 class SequenceSharded(Strategy):
@@ -89,7 +89,7 @@ class RingAttention(SequenceSharded):
                  RingStep(p - 1, kv + dkv, attention=2.5 / p, scores=1 / p),
                  RingStep(1, dkv))
         return Description(
-            ext, saved_under(remat, residuals(ext), standard_dots(shape)), kept, transient, buffers,
+            ext, saved_under(remat, residuals(ext), standard_dots(shape), selective(ext, shape.g)), kept, transient, buffers,
             projection_flops(shape, tokens, remat),
             AttentionWork(rows, spec.n_heads, c, c, blocks=p, tiled=shape.blockwise, flash=True),
             p * (per_block + 1), gather_per_layer(shape, remat), steps)

@@ -24,7 +24,7 @@ from sharding.ops.vocab_parallel import vocab_parallel_embed_partial
 from sharding.strategies.base import Strategy, model_size, shard_map
 from sharding.strategies.description import (
     BATCH_ROLE, MODEL_ROLE, AttentionWork, Collective, Description, Extents, Rules, Saved, dense_or_tiles,
-    gather_per_layer, model_block_weights, projection_flops, residuals, role_axes, saved_under)
+    gather_per_layer, model_block_weights, projection_flops, residuals, role_axes, saved_under, selective)
 
 _GATHERED = "sp_gathered"
 _SPLIT = dict(heads=MODEL_ROLE, kv_heads=MODEL_ROLE, mlp=MODEL_ROLE)
@@ -124,7 +124,7 @@ class TensorParallel(Strategy):
         # the gathered sub-layer inputs are kept whole (not re-gathered): the layer input and one input
         dots = Saved(boundary=1, inputs=1, att=3, mlp=shape.g)
         return Description(
-            ext, saved_under(remat, residuals(ext), dots), kept, transient, 0.0,
+            ext, saved_under(remat, residuals(ext), dots, selective(ext, shape.g)), kept, transient, 0.0,
             projection_flops(shape, rows * s, remat, split=p),
             AttentionWork(rows, heads, s, s, tiled=shape.blockwise, flash=shape.blockwise),
             shape.tiles(s, s) if shape.blockwise else 0,

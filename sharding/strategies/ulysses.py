@@ -16,7 +16,7 @@ from sharding.ops.ring_attention import chunk_index
 from sharding.strategies.base import model_entry, model_size
 from sharding.strategies.description import (
     BATCH_ROLE, MODEL_ROLE, AttentionWork, Collective, Description, Rules, dense_or_tiles, gather_per_layer,
-    gathered_weights, projection_flops, recomputes_attention, residuals, saved_under, standard_dots)
+    gathered_weights, projection_flops, recomputes_attention, residuals, saved_under, selective, standard_dots)
 from sharding.strategies.ring import SequenceSharded
 
 
@@ -55,7 +55,7 @@ class Ulysses(SequenceSharded):
         a2a = Collective("all-to-all", MODEL_ROLE, A * (2 * spec.n_heads + 2 * shape.kv_group) / (4 * spec.n_heads),
                          4 * (2 + recomputes_attention(remat) / 2))  # q, k, v, o
         return Description(
-            ext, saved_under(remat, residuals(ext, att=3), standard_dots(shape)), kept, transient, 0.0,
+            ext, saved_under(remat, residuals(ext, att=3), standard_dots(shape), selective(ext, shape.g)), kept, transient, 0.0,
             projection_flops(shape, ext.att_tokens, remat),
             AttentionWork(rows, spec.n_heads / p, s, s, tiled=shape.blockwise, flash=shape.blockwise),
             shape.tiles(s, s) if shape.blockwise else 0, gather_per_layer(shape, remat) + (a2a,))
