@@ -26,7 +26,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-REMATS = ("none", "dots", "full")
+from sharding.remat import NAMES as REMAT_NAMES
+
+REMATS = REMAT_NAMES  # every static strategy under every policy, as auto may choose
 STATIC = ("dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp")  # the static contenders' strategies
 
 

@@ -31,6 +31,7 @@ from costmodel.memory import MemoryCoefficients, Shape, feasible_strategies, str
 from costmodel.time import KINDS, TimeCoefficients, layer_time, layer_work
 from costmodel.time_correction import OptionTimes, label_of
 from sharding.ops.blocks import BlockSpec
+from sharding.remat import NAMES as REMAT_NAMES
 
 
 # ------------------------------------------------------------------------------------------------
@@ -333,7 +334,7 @@ def calibration_jobs(spec: BlockSpec, mesh_shape: Mapping[str, int], shapes: Seq
 
 
 def calibrate_memory_for(mesh, spec: BlockSpec, jobs: Mapping[tuple[int, int], Sequence[str]],
-                         directory: Optional[str] = None, remats: Sequence[str] = ("none", "dots", "full"),
+                         directory: Optional[str] = None, remats: Sequence[str] = REMAT_NAMES,
                          progress: Optional[Callable] = None) -> MemoryCoefficients:
     """Memory corrections for this model's layer on the devices here: XLA's figures of each
     strategy of `jobs` at its (batch, seq_len) shape under every remat policy, fitted from the

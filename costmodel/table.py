@@ -32,8 +32,9 @@ from typing import Mapping, Optional, Sequence, Union
 import numpy as np
 
 from sharding.ops.blocks import BlockSpec
+from sharding.remat import NAMES as REMAT_NAMES
 
-REMATS = ("none", "full", "dots")
+REMATS = REMAT_NAMES  # every policy is a per-layer choice of `auto`
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Choice:
     """One per-layer option: a registered strategy name and a remat policy."""
 
     strategy: str
-    remat: str = "none"  # "none" | "full" | "dots"
+    remat: str = "none"  # a name in sharding.remat
 
     @property
     def label(self) -> str:

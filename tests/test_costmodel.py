@@ -13,7 +13,7 @@ from costmodel.probe import figures, layer_step
 from costmodel.calibration import Calibration, cache_path, default_calibration, load_calibration
 from costmodel.profile import TimeSample, calibrate_time_for, fit_time, profile
 from costmodel.time_correction import OptionTimes, fit_scales
-from costmodel.table import Choice, CostTable, cost_table
+from costmodel.table import REMATS, Choice, CostTable, cost_table
 from sharding.layout import LAYERS, StorageLayout
 from sharding.mesh import build_mesh
 from sharding.ops.blocks import BlockSpec
@@ -65,7 +65,7 @@ def test_plan_bytes_and_time_by_hand():
 def test_cost_table_shapes_and_switches():
     t = cost_table(SPEC_13B, {"data": 8}, batch=16, seq_len=8192, n_layers=24, vocab=50304, hardware="a100-80gb")
     k = len(t.choices)
-    assert k == 3 * len(STRATEGIES)  # every strategy can serve this shape, x 3 remat policies
+    assert k == len(REMATS) * len(STRATEGIES)  # every strategy can serve this shape, x every remat policy
     assert t.layer_time_s.shape == t.layer_stored_bytes.shape == t.layer_peak_bytes.shape == (k,)
     assert t.switch_time_s.shape == t.switch_bytes.shape == (k, k)
     assert np.all(t.layer_time_s > 0) and np.all(t.layer_stored_bytes > 0) and t.base_bytes > 0
@@ -73,10 +73,12 @@ def test_cost_table_shapes_and_switches():
     assert t.switch_time_s[i, j] == 0 and t.switch_bytes[i, j] == 0
     i, j = t.index("fsdp"), t.index("metp")  # [b/N, s, h] -> [b, s/p, h]: an all-to-all
     assert t.switch_time_s[i, j] > 0 and t.switch_bytes[i, j] > 0
-    # remat trades time for memory
+    # remat trades time for memory; selective keeps less than none and recomputes no matmul
     for s in ("dp", "tp_sp", "metp"):
         assert t.layer_stored_bytes[t.index(s, "full")] < t.layer_stored_bytes[t.index(s)]
         assert t.layer_time_s[t.index(s, "full")] > t.layer_time_s[t.index(s)]
+        assert t.layer_stored_bytes[t.index(s, "selective")] < t.layer_stored_bytes[t.index(s)]
+        assert t.layer_time_s[t.index(s, "selective")] < t.layer_time_s[t.index(s, "full")]
 
 
 def test_infeasible_strategies_are_left_out():

@@ -21,7 +21,7 @@ from sharding.strategies import STRATEGIES
 from sharding.strategies.base import model_entry
 from sharding.strategies.description import (
     F32, MODEL_ROLE, AttentionWork, Collective, Description, gather_per_layer, gathered_weights, projection_flops,
-    recomputes_attention, residuals, saved_under, standard_dots)
+    recomputes_attention, residuals, saved_under, selective, standard_dots)
 from sharding.strategies.ring import SequenceSharded
 from tests.reference import MODEL, check_against_reference, model_config
 
@@ -58,7 +58,7 @@ class KVAllGather(SequenceSharded):
         kept, transient = gathered_weights(shape, remat)
         kv_all = 2 * rows * s * G * k  # the gathered K and V (elements)
         # the backward keeps the gathered K/V (p chunk-sized k and v each) instead of its own chunk's
-        saved = saved_under(remat, residuals(ext, kv=2 * p), standard_dots(shape))
+        saved = saved_under(remat, residuals(ext, kv=2 * p), standard_dots(shape), selective(ext, shape.g, kv=2 * p))
         gather = (Collective("all-gather", MODEL_ROLE, kv_all * shape.e, 1 + recomputes_attention(remat)),
                   Collective("reduce-scatter", MODEL_ROLE, kv_all * shape.e))
         return Description(
@@ -92,7 +92,7 @@ def test_auto_prices_and_chooses_new_strategy(registered, monkeypatch):
     mesh, batch, seq, n_layers, vocab = {"data": 8}, 2, 128, 2, 264
     table = cost_table(spec, mesh, batch, seq, n_layers, vocab)
     new = [i for i, c in enumerate(table.choices) if c.strategy == NAME]
-    assert [table.choices[i].remat for i in new] == ["none", "full", "dots"]
+    assert [table.choices[i].remat for i in new] == ["none", "selective", "dots", "full"]
     for arr in (table.layer_time_s, table.layer_stored_bytes, table.layer_peak_bytes):
         assert np.all(np.isfinite(arr[new])) and np.all(arr[new] > 0)
     assert table.switch_time_s[table.index(NAME), table.index("ring")] == 0  # ring's boundary layout
