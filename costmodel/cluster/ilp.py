@@ -26,8 +26,9 @@ resharding); over a cost table the same problem is solved exactly by `leanest_wi
 least byte budget under which the fastest plan (`costmodel.search.exact_plan`) meets the time
 bound, by bisection (milliseconds, where HiGHS on the flow formulation takes 10-60 s on these
 tables, whose interchangeable layers make it highly symmetric; tests/oracles/milp.py
-`table_milp(minimise="bytes")` is the cross-check). The reference is the fastest plan that fits the device (found by `costmodel.search.exact_plan`
-on each layout's table) or Megatron-LM's. Megatron-LM's standard configuration: every layer `tp`
+`table_milp(minimise="bytes")` is the cross-check). The reference is the fastest plan that
+fits the device (found by `costmodel.search.exact_plan` on each layout's table) or
+Megatron-LM's. Megatron-LM's standard configuration: every layer `tp`
 (TP over the node), `rep` across nodes (DP), no remat. Like for like: both sides are priced by
 the same tables, with the model config's attention (blockwise = flash-style on both sides).
 All figures are model predictions (simulated), not measurements.
@@ -36,14 +37,11 @@ from __future__ import annotations
 
 import time as _time
 from dataclasses import dataclass, field
-from typing import Sequence
-
-from typing import Optional
+from typing import Optional, Sequence
 
 from costmodel.cluster.layers import GroupCosts, group_costs
 from costmodel.cluster.workload import Cluster, ClusterError, Model, Workload
-from costmodel.search import SearchResult, exact_plan, leanest_plan
-from costmodel.search.ranked import unlimited_budget
+from costmodel.search import SearchResult, exact_plan, leanest_plan, unlimited_budget
 from sharding.plan import Plan, compress
 
 __all__ = ["INTER", "Layout", "layouts", "PlanCost", "RedundancyResult", "min_redundancy_plan", "megatron_plan",

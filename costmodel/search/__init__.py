@@ -16,8 +16,8 @@ from costmodel.search.arrays import TableArrays, evaluate, table_arrays
 from costmodel.search.exact import exact_plan, leanest_plan
 from costmodel.search.paradyse import ParaDySeSelector, non_dominated, paradyse_plan
 from costmodel.search.prune import prune_exact
-from costmodel.search.ranked import METHODS, Ranking, ranked_plans
+from costmodel.search.ranked import METHODS, Ranking, ranked_plans, unlimited_budget
 from costmodel.search.result import SearchResult
 
-__all__ = ["ranked_plans", "Ranking", "METHODS", "SearchResult", "exact_plan", "leanest_plan", "paradyse_plan",
+__all__ = ["ranked_plans", "Ranking", "METHODS", "unlimited_budget", "SearchResult", "exact_plan", "leanest_plan", "paradyse_plan",
            "ParaDySeSelector", "non_dominated", "prune_exact", "TableArrays", "table_arrays", "evaluate"]
