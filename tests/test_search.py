@@ -133,7 +133,7 @@ def test_nothing_fits_returns_fewest_bytes_plan():
 
 def test_search_time_96_layers_21_choices():
     """96 layers x 7 strategies x 3 remat policies (up to 21 choices): one bucket's exact search,
-    30-150 ms on a loaded 2-core machine (the bound is generous: shared CI cores)."""
+    30-60 ms median on a loaded 2-core machine; bounded like the real-table test below (200 ms)."""
     timings = {}
     for s, b in ((8192, 8), (65536, 2)):
         tb = _table96(s, b)
@@ -149,7 +149,7 @@ def test_search_time_96_layers_21_choices():
     for (s, b, K), (med, kept) in timings.items():
         print(f"\nexact search, 96 layers x {K} choices (s={s}, b={b}): median {med * 1e3:.1f} ms "
               f"({kept} choices kept by exact pruning)")
-    assert max(v[0] for v in timings.values()) < 0.5
+    assert max(v[0] for v in timings.values()) < 0.2
 
 
 def _real_table(s, b, n_layers=96, remats=("none",)):

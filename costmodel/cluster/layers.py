@@ -88,7 +88,8 @@ def _group_costs(model, profile, axes, batch, seq_len, strategies, remats) -> Op
                if strategies is None or c.strategy in strategies]
     if not choices:
         return None
-    kw = dict(param_bytes=model.param_bytes, optimizer_slots=model.optimizer_slots, hardware=profile)
+    kw = dict(param_bytes=model.param_bytes, optimizer_slots=model.optimizer_slots, hardware=profile,
+              loss_chunk=model.loss_chunk)
     table = cost_table(model.spec, mesh, batch, seq_len, model.n_layers, model.vocab, choices=choices, **kw)
     ends = cost_table(model.spec, mesh, batch, seq_len, 0, model.vocab, choices=choices[:1], **kw)
     shape = Shape(model.spec, mesh, batch, seq_len, param_bytes=model.param_bytes,

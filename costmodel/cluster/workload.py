@@ -1,7 +1,7 @@
 """What the cluster planners are asked about: the model, the workload and a homogeneous cluster.
 
 `Model` is a Transformer as the cost model prices it (one layer's `BlockSpec`, the layer count,
-the vocabulary, stored bytes per parameter); `load_model` reads it from a dysejax config's
+the vocabulary, stored bytes per parameter, the loss's chunk); `load_model` reads it from a dysejax config's
 `model:` section. `Workload` is one training iteration: `global_batch` sequences of `seq_len`
 tokens, `micro_batch` sequences per micro-step of one model replica (a node for the ILP, a
 pipeline for PTIP and HPH). `Cluster` is `n_nodes` nodes of `devices_per_node` devices of one
@@ -39,6 +39,7 @@ class Model:
     vocab: int
     param_bytes: int = 4  # bytes of a stored parameter (and of its gradient and optimizer moments)
     optimizer_slots: int = 2  # optimizer moments per parameter (Adam)
+    loss_chunk: int = 1024  # tokens per chunk of the loss (`model.loss_chunk`; 0: all at once)
 
     @property
     def act_bytes(self) -> int:
@@ -68,8 +69,12 @@ def load_model(path: str) -> Model:
                      d_ff=int(d_ff), gated=gated, activation=m.get("activation", "silu"),
                      attention=m.get("attention", "auto"), attention_block=int(m.get("attention_block", 512)),
                      compute_dtype=m.get("compute_dtype", "float32"), n_kv_heads=m.get("n_kv_heads"))
+    chunk = m.get("loss_chunk", 1024)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+        raise ClusterError(f"{path}: model.loss_chunk must be a non-negative integer, got {chunk!r}")
     return Model(name=os.path.splitext(os.path.basename(path))[0], spec=spec, n_layers=m["n_layers"],
-                 vocab=m["vocab_size"], param_bytes=_DTYPE_BYTES.get(m.get("param_dtype", "float32"), 4))
+                 vocab=m["vocab_size"], param_bytes=_DTYPE_BYTES.get(m.get("param_dtype", "float32"), 4),
+                 loss_chunk=chunk)
 
 
 @dataclass(frozen=True)

@@ -87,4 +87,4 @@ def config_table(name: str, seq_len: int, batch: int, *, n_layers: Optional[int]
     choices = [c for c in default_choices(m.spec, mesh, batch, seq_len, tuple(remats or REMATS))
                if strategies is None or c.strategy in strategies]
     return cost_table(m.spec, mesh, batch, seq_len, m.n_layers, m.vocab, param_bytes=m.param_bytes,
-                      hardware=profile, choices=choices)
+                      hardware=profile, choices=choices, loss_chunk=m.loss_chunk)
