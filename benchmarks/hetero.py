@@ -1,7 +1,8 @@
 """HPH planner vs baselines on the shipped heterogeneous clusters and model shapes.
 
 Every figure is a MODEL PREDICTION replayed by the event-driven pipeline simulator
-(`costmodel.hetero.simulate`), not a measurement on hardware.
+(`costmodel.cluster.hetero.simulate`), not a measurement on hardware. Stages are priced by the
+shared cost table (`costmodel.table.cost_table`, via `costmodel.cluster.layers`).
 
     python benchmarks/hetero.py [--json benchmarks/results/hetero.json] [--schedules 1f1b gpipe]
 """
@@ -18,7 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from costmodel.hetero import ClusterError, Workload, load_cluster, load_model, plan_hetero  # noqa: E402
+from costmodel.cluster import ClusterError, Workload, load_model  # noqa: E402
+from costmodel.cluster.hetero import load_cluster, plan_hetero  # noqa: E402
 from results_io import write_json  # noqa: E402  (the script's folder is on sys.path)
 
 MODELS = ("1.3b", "7b", "13b")
@@ -84,7 +86,10 @@ def main(argv=None) -> int:
     ap.add_argument("--global-batch", type=int, default=d.global_batch)
     ap.add_argument("--microbatches", type=int, default=d.microbatches)
     args = ap.parse_args(argv)
-    wl = Workload(seq_len=args.seq_len, global_batch=args.global_batch, microbatches=args.microbatches)
+    try:
+        wl = Workload.split(args.seq_len, args.global_batch, args.microbatches)
+    except ClusterError as e:
+        ap.error(str(e))
     rows = run(args.schedules, wl)
     print(f"HPH vs baselines ({NOTE}); {wl.global_batch} sequences x {wl.seq_len} tokens per iteration in "
           f"{wl.microbatches} micro-batches")

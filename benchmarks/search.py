@@ -1,15 +1,17 @@
 """Plan search benchmark: ParaDySe heuristic vs the exact optimum, search times, the
-minimal-redundancy ILP vs Megatron-LM, PTIP vs Megatron-LM.
+minimal-redundancy planner vs Megatron-LM, PTIP vs Megatron-LM.
 
-Every figure is a MODEL PREDICTION (simulated from cost tables / analytical models), not a
-measurement on hardware; search times are measured wall times of the planners on this CPU.
+Every figure is a MODEL PREDICTION (simulated from cost tables: `costmodel.table.cost_table`,
+which the cluster planners in `costmodel.cluster` price through too), not a measurement on
+hardware; search times are measured wall times of the planners on this CPU. The independent
+solvers the exact search is checked against (HiGHS, the grid DP) are the test oracles in
+tests/oracles/.
 
     python benchmarks/search.py [--json OUT] [--quick]
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -22,56 +24,36 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from costmodel.search import exact_plan, milp_plan, paradyse_plan  # noqa: E402
-from costmodel.search import ilp as I  # noqa: E402
-from costmodel.search import ptip as P  # noqa: E402
-from costmodel.search.synthetic import budget_between, layer_table, random_table  # noqa: E402
+from costmodel.cluster import Cluster, Workload  # noqa: E402
+from costmodel.cluster import ilp as I  # noqa: E402
+from costmodel.cluster import ptip as P  # noqa: E402
+from costmodel.search import exact_plan, paradyse_plan  # noqa: E402
+from tests.oracles.grid_dp import grid_dp_plan  # noqa: E402
+from tests.oracles.milp import milp_plan  # noqa: E402
+from tests.oracles.tables import budget_between, config_model, config_table, random_table  # noqa: E402
 
 CONFIGS = ("1.3b", "7b", "13b")
 NOTE = "model predictions (simulated), not measurements"
 
 
 def _model(name, n_layers=None):
-    m = I.ModelShape.from_config(os.path.join(ROOT, "configs", f"{name}.yaml"))
-    return dataclasses.replace(m, n_layers=n_layers) if n_layers else m
+    return config_model(name, n_layers)
 
 
 def _gap(h, e):
     return h.time_s / e.time_s - 1.0
 
 
-def _spec(name):
-    """The layer BlockSpec of a shipped config (for the cost model's tables)."""
-    import yaml
-
-    from sharding.ops.blocks import BlockSpec
-    with open(os.path.join(ROOT, "configs", f"{name}.yaml")) as f:
-        m = yaml.safe_load(f)["model"]
-    return BlockSpec(n_heads=m["n_heads"], head_dim=m.get("head_dim") or m["d_model"] // m["n_heads"],
-                     d_model=m["d_model"], d_ff=m["d_ff"], gated=m.get("mlp", "gated") == "gated",
-                     activation=m.get("activation", "silu"), attention=m.get("attention", "auto"),
-                     attention_block=m.get("attention_block", 512), compute_dtype=m.get("compute_dtype", "bfloat16"))
-
-
-def costmodel_tables():
-    """(label, table) per bucket from the project's cost model (costmodel.table.cost_table)."""
-    try:
-        from costmodel.table import cost_table
-    except Exception as e:  # the cost model is optional for this benchmark
-        print(f"(costmodel.table.cost_table unavailable: {e!r}; skipping real-model tables)")
-        return []
+def costmodel_tables(remats=("none", "full", "dots")):
+    """(label, table) per bucket from the project's cost model (costmodel.table.cost_table), one
+    8-GPU A100 node, every feasible strategy x `remats`, ~64K tokens per batch."""
     out = []
     for name in CONFIGS + ("96L",):
         cfg = "7b" if name == "96L" else name
-        spec, m = _spec(cfg), _model(cfg, 96 if name == "96L" else None)
         for s in (2048, 8192, 32768, 131072):
             b = max(1, 65536 // s)
-            try:
-                tb = cost_table(spec, {"data": 8}, b, s, m.n_layers, m.vocab, hardware="a100-80gb")
-            except Exception as e:
-                print(f"(cost_table {name} s={s} b={b} failed: {e!r})")
-                continue
-            out.append(((name, s, b), tb))
+            out.append(((name, s, b), config_table(cfg, s, b, n_layers=96 if name == "96L" else None,
+                                                   remats=remats)))
     return out
 
 
@@ -89,30 +71,16 @@ def heuristic_gap(quick: bool):
                     continue
                 rows.append({"kind": "random", "seed": seed, "classes": classes or 0, "frac": frac,
                              "gap": _gap(h, e) if h.fits else None, "heur_fits": h.fits, "proven": e.optimal,
-                             "dp_gap_bound": e.info.get("gap"), "dp_s": e.search_s, "heur_s": h.search_s})
-    # structured tables: 7 strategies x 3 remat policies, buckets at ~64K tokens per batch, one A100 node
-    for name in CONFIGS + ("96L",):
-        m = _model("7b", 96) if name == "96L" else _model(name)
-        for s in (2048, 8192, 32768, 131072):
-            b = max(1, 65536 // s)
-            tb = layer_table(m, s, b)
-            budgets = [("a100-80GB", 80 * 2**30)] + [(f"frac{f}", budget_between(tb, f)) for f in (0.15, 0.5, 0.85)]
-            for label, B in budgets:
-                h, e = paradyse_plan(tb, B), exact_plan(tb, B)
-                rows.append({"kind": "structured", "model": name, "seq_len": s, "batch": b, "budget": label,
-                             "choices": tb.K, "fits": e.fits, "gap": _gap(h, e) if (h.fits and e.fits) else None,
-                             "heur_fits": h.fits, "proven": e.optimal, "dp_gap_bound": e.info.get("gap"),
-                             "plan_exact": e.plan_id, "plan_heur": h.plan_id, "dp_s": e.search_s,
-                             "heur_s": h.search_s})
-    # the project's cost model (analytical memory + alpha-beta time model, A100 profile)
+                             "dp_s": e.search_s, "heur_s": h.search_s})
+    # the project's cost model (7 strategies x 3 remat policies where they serve, A100 profile)
     for (name, s, b), tb in costmodel_tables():
         budgets = [("a100-80GB", 80 * 2**30)] + [(f"frac{f}", budget_between(tb, f)) for f in (0.15, 0.5, 0.85)]
         for label, B in budgets:
             h, e = paradyse_plan(tb, B), exact_plan(tb, B)
             rows.append({"kind": "costmodel", "model": name, "seq_len": s, "batch": b, "budget": label,
                          "choices": tb.K, "fits": e.fits, "gap": _gap(h, e) if (h.fits and e.fits) else None,
-                         "heur_fits": h.fits, "proven": e.optimal, "dp_gap_bound": e.info.get("gap"),
-                         "plan_exact": e.plan_id, "plan_heur": h.plan_id, "dp_s": e.search_s, "heur_s": h.search_s})
+                         "heur_fits": h.fits, "proven": e.optimal, "plan_exact": e.plan_id, "plan_heur": h.plan_id,
+                         "dp_s": e.search_s, "heur_s": h.search_s})
     return rows
 
 
@@ -123,7 +91,7 @@ def milp_agreement(quick: bool):
                           integer_mib=seed % 4 == 0)
         B = budget_between(tb, np.random.default_rng(seed).uniform(0.1, 0.9))
         t0 = time.perf_counter()
-        d = exact_plan(tb, B, rel_tol=0.0)
+        d = exact_plan(tb, B)
         td = time.perf_counter() - t0
         t0 = time.perf_counter()
         m = milp_plan(tb, B)
@@ -146,76 +114,62 @@ def search_times():
             ts.append(time.perf_counter() - t0)
         return float(np.median(ts)), r
 
-    m96 = _model("7b", 96)
-    for s, b in ((8192, 8), (32768, 2), (131072, 1)):
-        tb = layer_table(m96, s, b)
-        for frac in (0.15, 0.5, 0.85):
-            B = budget_between(tb, frac)
-            td, d = med(lambda: exact_plan(tb, B))
-            to, _ = med(lambda: exact_plan(tb, B, solver="dp"), n=1)
-            th, _ = med(lambda: paradyse_plan(tb, B))
-            rows.append({"table": f"structured 96 layers, s={s}, b={b}", "choices": tb.K, "frac": frac,
-                         "dp_ms": td * 1e3, "dp_only_ms": to * 1e3, "heur_ms": th * 1e3, "kept": d.info["kept"], "dps": d.info["dps"],
-                         "proven": d.optimal})
     for (name, s_, b), tb in costmodel_tables():
         if name != "96L":
             continue
         for frac in (0.15, 0.5, 0.85):
             B = budget_between(tb, frac)
             td, d = med(lambda: exact_plan(tb, B))
-            to, _ = med(lambda: exact_plan(tb, B, solver="dp"), n=1)
+            to, g = med(lambda: grid_dp_plan(tb, B), n=1)
             th, _ = med(lambda: paradyse_plan(tb, B))
             rows.append({"table": f"cost_table 96 layers, s={s_}, b={b}", "choices": tb.K, "frac": frac,
-                         "dp_ms": td * 1e3, "dp_only_ms": to * 1e3, "heur_ms": th * 1e3, "kept": d.info["kept"], "dps": d.info["dps"],
-                         "proven": d.optimal})
+                         "dp_ms": td * 1e3, "dp_only_ms": to * 1e3, "heur_ms": th * 1e3, "kept": d.info["kept"],
+                         "dps": g.info["dps"], "proven": d.optimal})
     for K in (7, 21):
         tb = random_table(11, n_layers=96, n_choices=K, layout_classes=3)
         B = budget_between(tb, 0.5)
         td, d = med(lambda: exact_plan(tb, B), n=1)
         rows.append({"table": "random 96 layers (3 layout classes)", "choices": K, "frac": 0.5, "dp_ms": td * 1e3,
-                     "heur_ms": None, "kept": d.info["kept"], "dps": d.info["dps"], "proven": d.optimal})
+                     "heur_ms": None, "kept": d.info["kept"], "dps": None, "proven": d.optimal})
     tb = random_table(5, n_layers=24, n_choices=6, layout_classes=3)
     B = budget_between(tb, 0.5)
     t0 = time.perf_counter()
     m = milp_plan(tb, B, time_limit=60)
     tm = time.perf_counter() - t0
-    d = exact_plan(tb, B, rel_tol=0.0)
+    d = exact_plan(tb, B)
     rows.append({"table": "random 24 layers (MILP reference)", "choices": 6, "frac": 0.5, "dp_ms": d.search_s * 1e3,
                  "milp_ms": tm * 1e3, "milp_proven": m.optimal,
                  "equal": bool(abs(d.time_s - m.time_s) <= 1e-9 * m.time_s), "kept": d.info["kept"],
-                 "dps": d.info["dps"], "proven": d.optimal})
+                 "dps": None, "proven": d.optimal})
     return rows
 
 
 def redundancy(quick: bool):
     rows = []
+    wl = Workload(seq_len=2048, micro_batch=8, global_batch=512)
     for prof in ("a100-80gb",) if quick else ("a100-80gb", "h100"):
         for name in CONFIGS:
             model = _model(name)
             for n in (8, 32, 64):
-                cl = I.Cluster(n, prof)
-                for flash in (True,):  # like-for-like: every strategy, Megatron's included, flash-style
-                    wl = I.Workload(flash=flash)
-                    for inter in (I.INTER, ("rep",)):
-                        r = I.min_redundancy_plan(model, wl, cl, inter=inter, time_slack=0.05)
-                        rows.append({"profile": prof, "model": name, "gpus": n, "flash": flash,
-                                     "inter": "+".join(inter), "saving": r.memory_saving,
-                                     "bytes_gib": r.cost["bytes"] / 2**30, "megatron_gib": r.megatron["bytes"] / 2**30,
-                                     "redundant_gib": r.cost["redundant_bytes"] / 2**30,
-                                     "megatron_redundant_gib": r.megatron["redundant_bytes"] / 2**30,
-                                     "time_s": r.cost["iter_time_s"], "megatron_time_s": r.megatron["iter_time_s"],
-                                     "fastest_time_s": r.reference_time_s, "megatron_fits": r.megatron["bytes"]
-                                     <= cl.profile.memory_bytes, "plan": r.layer_summary(), "search_s": r.search_s})
+                cl = Cluster.of(n, prof)
+                for inter in (I.INTER, ("rep",)):
+                    r = I.min_redundancy_plan(model, wl, cl, inter=inter, time_slack=0.05)
+                    rows.append({"profile": prof, "model": name, "gpus": n, "inter": "+".join(inter),
+                                 "layout": r.inter, "saving": r.memory_saving, "bytes_gib": r.cost.bytes / 2**30,
+                                 "megatron_gib": r.megatron.bytes / 2**30, "time_s": r.cost.iter_time_s,
+                                 "megatron_time_s": r.megatron.iter_time_s, "fastest_time_s": r.reference_time_s,
+                                 "megatron_fits": r.megatron.fits, "plan": r.plan.id, "search_s": r.search_s})
     return rows
 
 
 def pipeline(quick: bool):
     rows = []
+    wl = Workload(seq_len=2048, micro_batch=1, global_batch=512)
     for prof in ("a100-80gb", "h100"):
         for name in CONFIGS:
             model = _model(name)
             for n in (8, 32, 64):
-                cl, wl = P.PipeCluster(n, prof), P.PipeWorkload()
+                cl = Cluster.of(n, prof)
                 mega = P.megatron_config(model, wl, cl)
                 t0 = time.perf_counter()
                 pt = P.ptip_plan(model, wl, cl)
@@ -247,7 +201,7 @@ def main(argv=None):
 
     gap = heuristic_gap(args.quick)
     print("\n## 1. ParaDySe heuristic vs exact optimum (predicted step time, heuristic / optimum - 1)")
-    for kind in ("random", "structured", "costmodel"):
+    for kind in ("random", "costmodel"):
         g = np.array([r["gap"] for r in gap if r["kind"] == kind and r["gap"] is not None])
         if not g.size:
             continue
@@ -255,11 +209,11 @@ def main(argv=None):
         pr = np.mean([r["proven"] for r in gap if r["kind"] == kind])
         print(f"{kind:10s}: {g.size} cases  mean {_pct(g.mean())}  median {_pct(float(np.median(g)))}  "
               f"p90 {_pct(float(np.quantile(g, 0.9)))}  max {_pct(g.max())}  heuristic optimal in "
-              f"{np.mean(g <= 1e-9) * 100:.0f}%  (heuristic found nothing that fits: {nf}; DP optimum proven: "
+              f"{np.mean(g <= 1e-9) * 100:.0f}%  (heuristic found nothing that fits: {nf}; optimum proven: "
               f"{pr * 100:.0f}%)")
-    print("random: 24 layers x 6 choices; structured: costmodel.search.synthetic.layer_table (7 strategies x 3 remat,"
-          " one 8-GPU A100 node); costmodel: the project's cost_table, same buckets (~64K tokens per batch)")
-    for kind in ("structured", "costmodel"):
+    print("random: 24 layers x 6 choices; costmodel: the project's cost_table (7 strategies x 3 remat policies"
+          " where they serve, one 8-GPU A100 node, ~64K tokens per batch)")
+    for kind in ("costmodel",):
         sel = [r for r in gap if r["kind"] == kind and r["budget"] in ("a100-80GB", "frac0.5")]
         if not sel:
             continue
@@ -270,15 +224,15 @@ def main(argv=None):
                   f"{r['plan_exact'][:44]:44s} | {r['plan_heur'][:40]}")
 
     agree = milp_agreement(args.quick)
-    print(f"\n## DP vs MILP (HiGHS, flow formulation) on random 12-layer x 5-choice tables: "
-          f"{sum(a['equal'] for a in agree)}/{len(agree)} equal optima, DP proven in "
+    print(f"\n## exact search vs MILP (HiGHS, flow formulation; a test oracle) on random 12-layer x 5-choice "
+          f"tables: {sum(a['equal'] for a in agree)}/{len(agree)} equal optima, exact proven in "
           f"{sum(a['dp_proven'] for a in agree)}/{len(agree)}; "
-          f"median DP {np.median([a['dp_search_s'] for a in agree]) * 1e3:.1f} ms, "
+          f"median exact {np.median([a['dp_search_s'] for a in agree]) * 1e3:.1f} ms, "
           f"MILP {np.median([a['milp_search_s'] for a in agree]) * 1e3:.0f} ms")
 
     times = search_times()
-    print("\n## 2. Search time per bucket (wall, this CPU); exact = default exact_plan (label search, DP"
-          " fallback), DP-only = exact_plan(solver='dp')")
+    print("\n## 2. Search time per bucket (wall, this CPU); exact = exact_plan (label search), DP-only = the grid"
+          " DP (a test oracle, tests/oracles/grid_dp.py)")
     print(f"{'table':42s} {'K':>3s} {'frac':>5s} {'exact ms':>8s} {'DP-only':>8s} {'heur ms':>8s} {'kept':>5s} "
           f"{'DPs':>4s} proven")
     for r in times:
@@ -286,17 +240,18 @@ def main(argv=None):
         extra = (f"  MILP {r['milp_ms']:.0f} ms (proven {r['milp_proven']}), same optimum: {r['equal']}"
                  if "milp_ms" in r else "")
         om = f"{r['dp_only_ms']:8.1f}" if r.get("dp_only_ms") is not None else "       -"
+        dps = f"{r['dps']:4d}" if r.get("dps") is not None else "   -"
         print(f"{r['table']:42s} {r['choices']:3d} {r['frac']:5.2f} {r['dp_ms']:8.1f} {om} {hm} {r['kept']:5d} "
-              f"{r['dps']:4d} {r['proven']}{extra}")
+              f"{dps} {r['proven']}{extra}")
 
     red = redundancy(args.quick)
-    print("\n## 3. Minimal-memory-redundancy ILP vs Megatron-LM (TP=8 in node, DP across), per-device bytes,"
+    print("\n## 3. Minimal-memory-redundancy planner vs Megatron-LM (TP=8 in node, DP across), per-device bytes,"
           " time budget 1.05 x fastest plan; s=2048, 8 sequences per node per micro-step; like-for-like:"
-          " every strategy, Megatron's included, uses flash-style attention")
-    print(f"{'prof':10s} {'model':5s} {'GPUs':>4s} {'flash':>5s} {'inter':>15s} {'ILP GiB':>8s} {'Mega GiB':>9s} "
+          " both priced by the same cost tables, with the config's (blockwise, flash-style) attention")
+    print(f"{'prof':10s} {'model':5s} {'GPUs':>4s} {'inter':>9s} {'layout':>6s} {'ILP GiB':>8s} {'Mega GiB':>9s} "
           f"{'saving':>8s} {'ILP s':>7s} {'Mega s':>7s}  plan")
     for r in red:
-        print(f"{r['profile']:10s} {r['model']:5s} {r['gpus']:4d} {str(r['flash']):>5s} {r['inter']:>15s} "
+        print(f"{r['profile']:10s} {r['model']:5s} {r['gpus']:4d} {r['inter']:>9s} {r['layout']:>6s} "
               f"{r['bytes_gib']:8.1f} {r['megatron_gib']:9.1f} {_pct(r['saving'])} {r['time_s']:7.2f} "
               f"{r['megatron_time_s']:7.2f}  {r['plan'][:48]}")
     sv = [r["saving"] for r in red]

@@ -11,8 +11,9 @@ import argparse
 import json
 import sys
 
-from costmodel.hetero import ClusterError, Workload, load_cluster, load_model, plan_hetero
-from costmodel.pipeline import SCHEDULES
+from costmodel.cluster import ClusterError, Workload, load_model
+from costmodel.cluster.hetero import load_cluster, plan_hetero
+from costmodel.cluster.pipeline import SCHEDULES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--config", required=True, help="dysejax config whose model: section gives the shape")
     h.add_argument("--seq-len", type=int, default=d.seq_len)
     h.add_argument("--global-batch", type=int, default=d.global_batch, help="sequences per iteration")
-    h.add_argument("--microbatches", type=int, default=d.microbatches)
+    h.add_argument("--microbatches", type=int, default=d.microbatches, help="micro-batches per iteration")
     h.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
     h.add_argument("--json", action="store_true", help="print the plan as JSON")
     return ap
@@ -42,11 +43,11 @@ def _table(plan) -> str:
     lines = [f"HPH plan for {plan.model.name} on {plan.cluster.name} ({plan.cluster.n_devices} devices): "
              f"{plan.schedule}, {wl.microbatches} micro-batches of {wl.micro_batch} x {wl.seq_len} tokens "
              "(model predictions, simulated)",
-             f"{'stage':>5}  {'group':<10} {'devices':<8} {'kind':<10} {'mode':<5} {'layers':<9} "
+             f"{'stage':>5}  {'group':<10} {'devices':<8} {'kind':<10} {'mode':<8} {'layers':<9} "
              f"{'recompute':<9} {'time/mb':>9}  {'peak / usable GiB':>17}"]
     for s in plan.to_json()["stages"]:
         lines.append(f"{s['stage']:>5}  {s['group']:<10} {'%d-%d' % (s['devices'][0], s['devices'][1] - 1):<8} "
-                     f"{s['device_kind']:<10} {s['mode']:<5} {'[%d, %d)' % tuple(s['layers']):<9} "
+                     f"{s['device_kind']:<10} {s['mode']:<8} {'[%d, %d)' % tuple(s['layers']):<9} "
                      f"{'yes' if s['recompute'] else 'no':<9} {s['stage_time_s'] * 1e3:>7.2f}ms  "
                      f"{s['peak_bytes'] / 2**30:>7.1f} / {s['memory_bytes'] / 2**30:<7.1f}")
     lines.append(f"predicted iteration {plan.predicted_iteration_s:.4f} s (event simulator {sim.iteration_s:.4f} s), "
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
     try:
         cluster = load_cluster(args.cluster)
         model = load_model(args.config)
-        wl = Workload(seq_len=args.seq_len, global_batch=args.global_batch, microbatches=args.microbatches)
+        wl = Workload.split(args.seq_len, args.global_batch, args.microbatches)
         plan = plan_hetero(cluster, model, wl, args.schedule)
     except ClusterError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -2,7 +2,7 @@
 
 For each bucket (length s, batch b) the cost table of every feasible strategy x remat policy
 (`costmodel.table.cost_table`) is searched for the fastest per-layer plan within the memory
-budget (`costmodel.search.exact_plan`, the DP optimum). The program cache then compiles the
+budget (`costmodel.search.ranked_plans`, the exact optimum). The program cache then compiles the
 candidates in order and keeps the first whose XLA figure fits, so the candidates are: the
 optimum, the optimum under tighter budgets (a prediction that is too low for the first one is
 caught by the next), and the leanest plan last.
@@ -19,9 +19,7 @@ from typing import Optional
 import numpy as np
 
 from costmodel.hardware import PROFILES
-from costmodel.search import exact_plan
-from costmodel.search.exact import min_bytes_plan
-from costmodel.search._common import arrays, make_result
+from costmodel.search import ranked_plans
 from costmodel.table import CostTable, cost_table
 from dysejax.errors import ConfigError
 from sharding.plan import Plan, Run
@@ -200,23 +198,10 @@ class AutoPlanner:
 
     def _search(self, seq_len: int, batch_size: int) -> BucketPlan:
         table = self.table(seq_len, batch_size)
-        if self.budget is not None:
-            budget = float(self.budget)
-        else:  # no limit: a budget every plan of this table meets
-            budget = float(table.base_bytes + table.n_layers * table.layer_stored_bytes.max()
-                           + table.layer_peak_bytes.max() + table.switch_bytes.max())
-        best = exact_plan(table, budget)
-        ranked = [best]
-        if best.fits:
-            ranked += [exact_plan(table, budget * f) for f in FALLBACK_FRACTIONS]
-        a = arrays(table)
-        ranked.append(make_result(table, a, min_bytes_plan(a), budget, "leanest"))
-        plans = [self.written(r.plan()) for r in ranked]
-        candidates = list({p.id: p for p, r in zip(plans, ranked) if r.fits or r is ranked[-1]}.values())
-        if not best.fits:  # the closest plan: the one needing the fewest bytes
-            best = ranked[-1]
-            candidates = [plans[-1]]
+        ranking = ranked_plans(table, self.budget, fractions=FALLBACK_FRACTIONS)
+        best = ranking.best
+        candidates = tuple(self.written(r.plan()) for r in ranking.candidates)
         return BucketPlan(seq_len=seq_len, batch_size=batch_size, plan=candidates[0],
                           predicted_bytes=table.plan_bytes_backward(best.per_layer),
-                          predicted_step_s=best.time_s, fits=best.fits, candidates=tuple(candidates),
+                          predicted_step_s=best.time_s, fits=best.fits, candidates=candidates,
                           method=best.method)

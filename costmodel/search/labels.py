@@ -1,9 +1,11 @@
-"""The fast exact solver of `exact_plan`: a label search over layers (no memory grid).
+"""The solver of `exact_plan`: a label search over layers (no memory grid).
 
-Layers are identical, so a plan is a multiset of choices
-arranged in runs. The incumbent is the best plan of at most two runs (every choice, every
-ordered pair and split, vectorised). Transient caps (as in `costmodel.search.grid_dp`) whose node LP (closed form: at most two
-choices mixed) or Lagrangian bound cannot beat it are dropped; per remaining cap the best
+Layers are identical, so a plan is a multiset of choices arranged in runs. The incumbent is
+the best plan of at most two runs (every choice, every ordered pair and split, vectorised).
+The max-over-layers transient is handled by its value: transient caps C range over the
+distinct transients (pk[j] and pk[j] + swb[i, j]); under a cap only the choices and
+transitions within it may run. Caps whose node LP (closed form: at most two choices mixed)
+or Lagrangian bound cannot beat the incumbent are dropped; per remaining cap the best
 completions of r layers (time + lam x stored, fewest stored, at least one more switch) are
 computed backwards once. Labels (last choice, cap index of the transient so far, time,
 switches, stored bytes in exact integer units of 2^-k bytes) are extended layer by layer;
@@ -11,8 +13,8 @@ a child survives only if staying on its choice to the end fits and beats the inc
 a switching completion may (Lagrangian bound); per (choice, cap) only the Pareto front of
 (time + eps x switches, stored) is kept. It is exact for time + eps x switches, eps =
 1e-11 x the plan time scale: the fastest plan, ties going to fewer runs (plan ids like
-`fsdp:96`, not `dp:62,fsdp:34`). Above `max_labels` labels a layer it hands its incumbent
-to the DP. On the 13b cost tables (96 layers, 5-7 strategies) it takes 0.3-20 ms.
+`fsdp:96`, not `dp:62,fsdp:34`). Above `max_labels` labels a layer it stops and returns
+its incumbent (status "aborted"). On the 13b cost tables (96 layers, 5-7 strategies) it takes 0.3-20 ms.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from typing import Optional
 
 import numpy as np
 
-from costmodel.search._common import TableArrays, plan_time
+from costmodel.search.arrays import TableArrays, plan_time
 
 __all__ = ["LabelResult", "label_search"]
 

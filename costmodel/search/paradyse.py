@@ -19,7 +19,8 @@ from typing import Callable, Hashable, Optional
 
 import numpy as np
 
-from costmodel.search._common import SearchResult, TableArrays, arrays, evaluate, leanest_uniform, make_result
+from costmodel.search.arrays import TableArrays, evaluate, leanest_uniform, table_arrays
+from costmodel.search.result import SearchResult, search_result
 
 __all__ = ["non_dominated", "paradyse_plan", "ParaDySeSelector"]
 
@@ -40,7 +41,7 @@ def non_dominated(a: TableArrays) -> np.ndarray:
 def paradyse_plan(table, budget_bytes: float) -> SearchResult:
     """Algorithm 1 for one bucket: per-layer choice indices and predicted time/bytes."""
     t0 = _time.perf_counter()
-    a = arrays(table)
+    a = table_arrays(table)
     L = a.L
     keep = non_dominated(a)
     fast = int(keep[np.argmin(a.t[keep])])
@@ -50,7 +51,7 @@ def paradyse_plan(table, budget_bytes: float) -> SearchResult:
     uniform_fast = [fast] * L
     tf, bf = evaluate(a, uniform_fast)
     if bf <= budget_bytes:
-        return make_result(table, a, uniform_fast, budget_bytes, "paradyse:fastest",
+        return search_result(table, a, uniform_fast, budget_bytes, "paradyse:fastest",
                            search_s=_time.perf_counter() - t0, info=info)
 
     # two-segment plans [fast]*(L-l) + [c]*l, vectorised over lean choices c and l = 1..L
@@ -72,10 +73,10 @@ def paradyse_plan(table, budget_bytes: float) -> SearchResult:
             best = [fast] * (L - l) + [int(lean[ci])] * l
             info.update(lean=int(lean[ci]), lean_layers=l)
     if best is not None:
-        return make_result(table, a, best, budget_bytes, "paradyse:two-segment",
+        return search_result(table, a, best, budget_bytes, "paradyse:two-segment",
                            search_s=_time.perf_counter() - t0, info=info)
     lean_i = leanest_uniform(a)
-    return make_result(table, a, [lean_i] * L, budget_bytes, "paradyse:leanest",
+    return search_result(table, a, [lean_i] * L, budget_bytes, "paradyse:leanest",
                        search_s=_time.perf_counter() - t0, info=info)
 
 
@@ -111,7 +112,7 @@ class ParaDySeSelector:
             if self.table_fn is None:
                 raise KeyError(f"no cost table for bucket {key!r} (pass table= or table_fn=)")
             table = self.table_fn(key)
-        entry = (table, arrays(table), self.search(table, self.budget_bytes))
+        entry = (table, table_arrays(table), self.search(table, self.budget_bytes))
         self.cache[key] = entry
         return entry
 
@@ -129,7 +130,7 @@ class ParaDySeSelector:
                 t, b = evaluate(a, idx)
                 if b <= self.budget_bytes and t <= (1.0 + self.smoothing) * own.time_s:
                     self.smoothed += 1
-                    chosen = make_result(table, a, idx, self.budget_bytes, "paradyse:smoothed",
+                    chosen = search_result(table, a, idx, self.budget_bytes, "paradyse:smoothed",
                                          info={"own": own.plan_id, "own_time_s": own.time_s})
         self.previous = chosen
         return chosen

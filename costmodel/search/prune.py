@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.search._common import TableArrays, subset
+from costmodel.search.arrays import TableArrays, subset
 
 __all__ = ["prune_exact"]
 

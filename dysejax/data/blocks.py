@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 
-from dysejax.data.sources import FileSource, tokens_from_bytes, _check_range
+from dysejax.data.sources import FileSource, check_range, tokens_from_bytes
 
 _BOUNDARY = re.compile(rb"\n[ \t]*\n(?=[^\s)\]}])")
 
@@ -45,7 +45,7 @@ class BlockSource:
     def read(self, i: int, start: int, end: int) -> np.ndarray:
         """int32 tokens[start:end] of block i."""
         f, a, b = (int(v) for v in self.spans[i])
-        _check_range(b - a + 1, start, end, self.keys[i])
+        check_range(b - a + 1, start, end, self.keys[i])
         with open(self.files.root / self.files.keys[f], "rb") as fh:
             fh.seek(a + start)
             chunk = fh.read(max(min(end, b - a) - start, 0))

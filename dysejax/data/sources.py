@@ -46,7 +46,8 @@ def tokens_from_bytes(chunk: bytes, with_eos: bool) -> np.ndarray:
     return out
 
 
-def _check_range(length: int, start: int, end: int, key: str):
+def check_range(length: int, start: int, end: int, key: str):
+    """Raise IndexError unless [start, end) lies within a document of `length` tokens."""
     if not 0 <= start <= end <= length:
         raise IndexError(f"token range [{start}, {end}) outside document {key!r} of {length} tokens")
 
@@ -66,7 +67,7 @@ class FileSource:
     def read(self, i: int, start: int, end: int) -> np.ndarray:
         """int32 tokens[start:end] of file i, reading only that byte range."""
         size = int(self.lengths[i]) - 1
-        _check_range(size + 1, start, end, self.keys[i])
+        check_range(size + 1, start, end, self.keys[i])
         hi = min(end, size)
         with open(self.root / self.keys[i], "rb") as f:
             f.seek(start)

@@ -2,14 +2,14 @@
 
 For every choice of stage width per device kind (powers of two dividing the kind's group sizes)
 the topology designer proposes group orders, the partitioner assigns layers by DP, and each
-candidate's iteration is predicted exactly for its schedule (`costmodel.pipeline.iteration_time`);
+candidate's iteration is predicted exactly for its schedule (`costmodel.cluster.pipeline.iteration_time`);
 the fastest that fits wins. Baselines, predicted the same way, each with the stage widths that
 are best for it at the true speeds (as a user tuning that knob would pick):
   even_split        groups in file order, layers split evenly, one stage width for all devices;
   even_split_tuned  the same with a width per device kind (more devices per stage for the slow
                     kind balances speed a little without moving layers);
   homogeneous       the same designer and DP as HPH, one stage width, believing every device
-                    runs at the cluster's mean speed (memory known).
+                    runs at the cluster's mean peak FLOP/s (memory and links known).
 The planner also weighs the baselines' plans, so it is never slower than any of them.
 All figures are model predictions (simulated), not measurements.
 """
@@ -20,15 +20,14 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Sequence
 
-from costmodel.hetero.cluster import Cluster, ClusterError
-from costmodel.hetero.partition import Partition, assign, even_bounds, partition
-from costmodel.hetero.recompute import RecomputeReport, recompute_report
-from costmodel.hetero.simulate import SimResult, simulate
-from costmodel.hetero.stage import modes
-from costmodel.hetero.topology import Unit, boundary_times, candidate_orders, units
-from costmodel.hetero.workload import Workload
-from costmodel.pipeline import boundary_bytes, in_flight, iteration_time
-from costmodel.search.ilp import ModelShape
+from costmodel.cluster.hetero.cluster import HeteroCluster
+from costmodel.cluster.hetero.partition import Partition, assign, even_bounds, partition
+from costmodel.cluster.hetero.recompute import RecomputeReport, recompute_report
+from costmodel.cluster.hetero.simulate import SimResult, simulate
+from costmodel.cluster.hetero.stage import stage_options
+from costmodel.cluster.hetero.topology import Unit, boundary_times, candidate_orders, units
+from costmodel.cluster.pipeline import boundary_bytes, in_flight, iteration_time
+from costmodel.cluster.workload import ClusterError, Model, Workload
 
 __all__ = ["HeteroPlan", "plan_hetero", "evaluate", "width_choices"]
 
@@ -40,8 +39,8 @@ class HeteroPlan:
     """A placement (stage -> devices), partition (stage -> layers) and schedule, with its prediction."""
 
     name: str
-    cluster: Cluster
-    model: ModelShape
+    cluster: HeteroCluster
+    model: Model
     workload: Workload
     schedule: str
     stages: tuple  # Units
@@ -102,31 +101,31 @@ class HeteroPlan:
         return out
 
 
-def evaluate(cluster: Cluster, model: ModelShape, wl: Workload, stages: Sequence[Unit], part: Partition,
+def evaluate(cluster: HeteroCluster, model: Model, wl: Workload, stages: Sequence[Unit], part: Partition,
              schedule: str, name: str) -> HeteroPlan:
     """Predict a placement + partition's iteration exactly (max-plus over its schedule)."""
-    send = tuple(boundary_times(cluster, stages, boundary_bytes(wl.micro_batch, wl.seq_len, model.d_model,
-                                                                wl.act_bytes)))
+    send = tuple(boundary_times(cluster, stages, boundary_bytes(wl.micro_batch, wl.seq_len, model.spec.d_model,
+                                                                model.act_bytes)))
     c = part.costs
     t = iteration_time([x.fwd_s for x in c], [x.bwd_s for x in c], send, wl.microbatches, schedule,
                        [x.recompute_s for x in c], [x.sync_s for x in c])
     return HeteroPlan(name, cluster, model, wl, schedule, tuple(stages), part, send, t)
 
 
-def width_choices(cluster: Cluster, model: ModelShape, wl: Workload, uniform: bool = False) -> list:
+def width_choices(cluster: HeteroCluster, model: Model, wl: Workload, uniform: bool = False) -> list:
     """Every {device kind: stage width}: powers of two dividing all of the kind's group sizes
     (`uniform`: one width for every kind)."""
     per_kind = {}
     for g in cluster.groups:
         per_kind.setdefault(g.device, []).append(g.count)
 
-    def fits(w, counts):
-        return all(c % w == 0 for c in counts) and modes(model, wl, w)
+    def fits(w, counts, devices):
+        return all(c % w == 0 for c in counts) and all(stage_options(model, wl, d, w) for d in devices)
 
     if uniform:
         every = [c for counts in per_kind.values() for c in counts]
-        return [dict.fromkeys(per_kind, w) for w in WIDTHS if fits(w, every)]
-    options = [[(dev, w) for w in WIDTHS if fits(w, counts)] for dev, counts in per_kind.items()]
+        return [dict.fromkeys(per_kind, w) for w in WIDTHS if fits(w, every, per_kind)]
+    options = [[(dev, w) for w in WIDTHS if fits(w, counts, [dev])] for dev, counts in per_kind.items()]
     return [dict(combo) for combo in itertools.product(*options)]
 
 
@@ -136,16 +135,16 @@ def _best(plans):
     return min(fitting or plans, key=lambda p: p.predicted_iteration_s, default=None)
 
 
-def _designed(cluster, model, wl, schedule, name, rate=None, uniform=False):
-    """Designer + DP over the width choices; with `rate`, partitioned as if every device ran at it
+def _designed(cluster, model, wl, schedule, name, flops=None, uniform=False):
+    """Designer + DP over the width choices; with `flops`, partitioned as if every device ran at it
     (then predicted at the true speeds)."""
     plans = []
-    nbytes = boundary_bytes(wl.micro_batch, wl.seq_len, model.d_model, wl.act_bytes)
+    nbytes = boundary_bytes(wl.micro_batch, wl.seq_len, model.spec.d_model, model.act_bytes)
     for widths in width_choices(cluster, model, wl, uniform):
         for order in candidate_orders(cluster, widths, nbytes, wl.microbatches):
             stages = units(order, widths)
-            part = partition(cluster, model, wl, stages, schedule, rate)
-            if part is not None and rate is not None:
+            part = partition(cluster, model, wl, stages, schedule, flops)
+            if part is not None and flops is not None:
                 part = assign(cluster, model, wl, stages, part.bounds, schedule)
             if part is not None:
                 plans.append(evaluate(cluster, model, wl, stages, part, schedule, name))
@@ -162,13 +161,13 @@ def _even(cluster, model, wl, schedule, name, uniform):
     return _best(plans)
 
 
-def plan_hetero(cluster: Cluster, model: ModelShape, workload: Workload = Workload(),
+def plan_hetero(cluster: HeteroCluster, model: Model, workload: Workload = Workload(),
                 schedule: str = "1f1b") -> HeteroPlan:
     """The HPH plan for this model on this cluster, with the baselines in `.baselines`."""
-    mean_rate = sum(g.rate * g.count for g in cluster.groups) / cluster.n_devices
+    mean_flops = sum(g.device.flops * g.count for g in cluster.groups) / cluster.n_devices
     baselines = {"even_split": _even(cluster, model, workload, schedule, "even_split", uniform=True),
                  "even_split_tuned": _even(cluster, model, workload, schedule, "even_split_tuned", uniform=False),
-                 "homogeneous": _designed(cluster, model, workload, schedule, "homogeneous", mean_rate, uniform=True)}
+                 "homogeneous": _designed(cluster, model, workload, schedule, "homogeneous", mean_flops, uniform=True)}
     hph = _designed(cluster, model, workload, schedule, "hph")
     best = _best([hph] + list(baselines.values()))
     if best is None:
@@ -177,7 +176,7 @@ def plan_hetero(cluster: Cluster, model: ModelShape, workload: Workload = Worklo
     if not best.fits:
         k, peak = max(enumerate(best.peak_bytes()), key=lambda x: x[1] / best.stages[x[0]].group.device.memory_bytes)
         g = best.stages[k].group
-        raise ClusterError(f"model {model.name} ({model.n_params / 1e9:.1f}B parameters) does not fit on cluster "
+        raise ClusterError(f"model {model.name} ({model.n_layers} layers) does not fit on cluster "
                            f"{cluster.name} even with recompute (stage {k} on {g.device.name} needs "
                            f"{peak / 2**30:.1f} GiB of {cluster.memory_fraction * g.device.memory_bytes / 2**30:.1f} "
                            "usable); use more or larger devices, shorter sequences or fewer sequences per micro-batch")

@@ -1,7 +1,7 @@
 """Recomputation-aware scheduling: does the recompute of memory-poor stages hide in their bubbles?
 
 The partitioner turns recompute on only for stages that do not fit without it. The schedule
-(`costmodel.pipeline.stage_ops`) starts each recompute as soon as the stage's previous operation
+(`costmodel.cluster.pipeline.stage_ops`) starts each recompute as soon as the stage's previous operation
 ends, so it runs while the stage waits for the next backward's gradient: free when that wait is
 at least the recompute, on the critical path otherwise. This module measures which: the same
 plan with recompute taking no time is the bound it is compared with.
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from costmodel.hetero.stage import StageCost
-from costmodel.pipeline import iteration_time
+from costmodel.cluster.hetero.stage import StageCost
+from costmodel.cluster.pipeline import iteration_time
 
 __all__ = ["RecomputeReport", "recompute_report"]
 

@@ -1,7 +1,6 @@
 """A heterogeneous cluster description (YAML) as dataclasses.
 
     name: my_cluster
-    mfu: 0.5                  # achievable share of peak FLOP/s (default 0.5; per group too)
     memory_fraction: 0.9      # usable share of device memory (default 0.9)
     groups:                   # identical devices in one node
       - {name: a100-n0, device: a100-80gb, count: 8, node: n0}
@@ -13,8 +12,9 @@
       - {between: [n0, n1], bandwidth: 2.5e10, latency: 5.0e-6}
 
 Bandwidths are bytes/s per device pair in each direction (one NIC per GPU); `device` names a
-`costmodel.hardware.PROFILES` entry or gives flops and memory inline. Devices of one group talk
-over their own NVLink (`intra_node_bw` of the device).
+`costmodel.hardware.PROFILES` entry or gives flops and memory inline (peak figures: the shared
+time model applies its achievable fractions, `costmodel.time.TimeCoefficients.from_profile`).
+Devices of one group talk over their own NVLink (`intra_node_bw` of the device).
 """
 from __future__ import annotations
 
@@ -22,13 +22,10 @@ from dataclasses import dataclass
 
 import yaml
 
+from costmodel.cluster.workload import ClusterError
 from costmodel.hardware import PROFILES, DeviceProfile
 
-__all__ = ["ClusterError", "Group", "Link", "Cluster", "load_cluster", "parse_cluster"]
-
-
-class ClusterError(ValueError):
-    """A bad cluster description, model config or workload (one line: the field and the fix)."""
+__all__ = ["ClusterError", "Group", "Link", "HeteroCluster", "load_cluster", "parse_cluster"]
 
 
 @dataclass(frozen=True)
@@ -39,12 +36,6 @@ class Group:
     device: DeviceProfile
     count: int
     node: str
-    mfu: float
-
-    @property
-    def rate(self) -> float:
-        """Achievable FLOP/s of one device."""
-        return self.device.flops * self.mfu
 
 
 @dataclass(frozen=True)
@@ -54,7 +45,9 @@ class Link:
 
 
 @dataclass(frozen=True)
-class Cluster:
+class HeteroCluster:
+    """Groups of identical devices and the links between them (see the module doc)."""
+
     name: str
     groups: tuple
     links: dict  # frozenset({a, b}) of group or node names -> Link
@@ -120,15 +113,14 @@ def _link(spec, where: str) -> Link:
     return Link(_num(spec["bandwidth"], f"{where}.bandwidth"), _num(spec.get("latency", 5e-6), f"{where}.latency"))
 
 
-def parse_cluster(data, source: str = "cluster") -> Cluster:
-    """A `Cluster` from the parsed YAML mapping (see the module doc)."""
+def parse_cluster(data, source: str = "cluster") -> HeteroCluster:
+    """A `HeteroCluster` from the parsed YAML mapping (see the module doc)."""
     if not isinstance(data, dict):
         raise ClusterError(f"{source}: expected a mapping with 'groups', got {type(data).__name__}")
-    unknown = set(data) - {"name", "mfu", "memory_fraction", "groups", "intra_node", "inter_node", "links"}
+    unknown = set(data) - {"name", "memory_fraction", "groups", "intra_node", "inter_node", "links"}
     if unknown:
-        raise ClusterError(f"{source}: unknown key {sorted(unknown)[0]!r} (known: name, mfu, memory_fraction, "
+        raise ClusterError(f"{source}: unknown key {sorted(unknown)[0]!r} (known: name, memory_fraction, "
                            "groups, intra_node, inter_node, links)")
-    mfu = _num(data.get("mfu", 0.5), f"{source}: mfu")
     groups_spec = data.get("groups")
     if not isinstance(groups_spec, list) or not groups_spec:
         raise ClusterError(f"{source}: groups: give a non-empty list of {{name, device, count, node}}")
@@ -146,8 +138,10 @@ def parse_cluster(data, source: str = "cluster") -> Cluster:
         name = str(g.get("name", f"group{i}"))
         if any(x.name == name for x in groups):
             raise ClusterError(f"{where}.name: {name!r} is used twice; give each group its own name")
-        groups.append(Group(name, _device(g["device"], f"{where}.device"), count, str(g.get("node", name)),
-                            _num(g.get("mfu", mfu), f"{where}.mfu")))
+        unknown = set(g) - {"name", "device", "count", "node"}
+        if unknown:
+            raise ClusterError(f"{where}: unknown key {sorted(unknown)[0]!r} (known: name, device, count, node)")
+        groups.append(Group(name, _device(g["device"], f"{where}.device"), count, str(g.get("node", name))))
     names = {g.name for g in groups} | {g.node for g in groups}
     links = {}
     for i, spec in enumerate(data.get("links") or []):
@@ -159,12 +153,12 @@ def parse_cluster(data, source: str = "cluster") -> Cluster:
     frac = _num(data.get("memory_fraction", 0.9), f"{source}: memory_fraction")
     if frac > 1:
         raise ClusterError(f"{source}: memory_fraction: must be in (0, 1], got {frac}")
-    return Cluster(str(data.get("name", source)), tuple(groups), links,
+    return HeteroCluster(str(data.get("name", source)), tuple(groups), links,
                    _link(data["intra_node"], f"{source}: intra_node") if data.get("intra_node") else None,
                    _link(data["inter_node"], f"{source}: inter_node") if data.get("inter_node") else None, frac)
 
 
-def load_cluster(path: str) -> Cluster:
+def load_cluster(path: str) -> HeteroCluster:
     """Read and validate a cluster YAML file."""
     try:
         with open(path) as f:

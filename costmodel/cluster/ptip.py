@@ -1,30 +1,27 @@
 """PTIP: DP x TP x PP degrees and the layer -> stage assignment as one mixed-integer program.
 
-Self-contained analytical model of a GPT-like model on a cluster of `n` GPUs (profiles from
-`costmodel.hardware`; nodes of `devices_per_node`), for one configuration
-(dp, tp, pp, micro-batch, ZeRO-1 on/off, sequence parallel on/off) with `n_k` layers on stage k
-(stages hold consecutive layers; the embedding is on stage 0, the head on the last stage):
+A configuration (dp, tp, pp, micro-batch, ZeRO-1 on/off, sequence parallel on/off) with n_k
+layers on stage k (stages hold consecutive layers) on a `Cluster`, for a `Workload`
+(`global_batch` sequences of `seq_len`; the micro-batch is searched). Each layer is priced by
+the shared cost model (`costmodel.cluster.layers`: the cost table `parallel.plan: auto`
+searches) on a tensor-parallel group of tp devices running `micro_batch` sequences: the
+strategy `tp` (Megatron TP; `tp_sp` with sequence parallelism). Per device:
 
-  time, per micro-batch of `mb` sequences of length s (fwd + bwd = 3x forward FLOPs):
-    layer   tau = 3 F_layer / (tp * peak * mfu) + 4 all-reduces of the [mb, s, h] activations
-            over the TP group (2 fwd, 2 bwd; 2 (tp-1)/tp bytes per byte, NVLink; tp stays within a
-            node). With sequence parallelism: 4 all-gathers + 4 reduce-scatters (same bytes).
-    stage   T_k = n_k tau + embedding (k = 0) + head and loss (k = pp-1)
-            + p2p: on each of its boundaries activations and gradients, mb s h 2 / tp bytes each
-            (InfiniBand when a stage group fills nodes, NVLink otherwise).
-    iteration  sum_k T_k + (m - 1) max_k T_k            (1F1B / GPipe fill-drain bubble; m micro-
-            batches = global_batch / (dp mb)) + max_k DP gradient all-reduce of the stage's
-            2 P_k / tp fp16 gradients over the dp replicas (ring, 2 (dp-1)/dp; NVLink when the DP
-            group lies within a node, InfiniBand otherwise; ZeRO-1 = reduce-scatter + all-gather,
-            the same bytes) + the optimizer update (memory bound).
-  memory, per device of stage k (must be <= memory_fraction x device memory):
-    model states 16 bytes/param (ZeRO): P_k / tp x (16, or 4 + 12 / dp with ZeRO-1)
-    activations  Megatron (Korthikanti et al. 2022) per layer per micro-batch:
-            s b h (10 + 24/tp + 5 a s / (h tp)), with SP s b h (34 + 5 a s / h) / tp
-            (the 5 a s / h score term dropped with flash=True); stage k of 1F1B keeps
-            min(pp - k, m) micro-batches in flight; + embedding output, fp32 logits on the last
-            stage, and one layer's MLP workspace.
-  With tied embeddings and pp > 1 the last stage holds a copy of the table (as Megatron does).
+  time, per micro-batch:
+    stage   T_k = n_k tau + the model's ends (embedding, head, loss) on the last stage
+            + p2p: on each of its boundaries activations and gradients, mb s h e / tp bytes
+            each (InfiniBand when a stage group fills nodes, NVLink otherwise)
+            tau = the layer's forward + backward (the table's, its TP collectives included)
+    iteration  sum_k T_k + (m - 1) max_k T_k (1F1B / GPipe fill-drain bubble; m micro-
+            batches = global_batch / (dp mb)) + max_k (DP gradient all-reduce of the stage's
+            gradients over the dp replicas (ring, 2 (dp-1)/dp; NVLink when the DP group lies
+            within a node, InfiniBand otherwise; ZeRO-1 = reduce-scatter + all-gather, the same
+            bytes) + the stage's optimizer update (the table's, / dp with ZeRO-1))
+  memory, per device of stage k (must be <= the cluster's usable memory):
+    n_k (states, x (2 + slots / dp) / (2 + slots) with ZeRO-1, + the update buffer)
+    + n_k x in-flight micro-batches x the layer's activations (stage k of 1F1B keeps
+    min(pp - k, m)) + the largest transient (the loss's on the last stage) + the model's ends
+    on the first and the last stage (a tied table is copied there, as Megatron does).
 
 The MIP (HiGHS): per candidate configuration c a binary u_c (exactly one chosen), integer
 stage sizes n_{c,k} (sum_k n_{c,k} = L u_c, n_{c,k} >= u_c), stage times linear in n, an
@@ -35,7 +32,8 @@ identical, so a contiguous assignment is given by the stage sizes (layers
 
 Megatron-LM's standard configuration: TP = devices per node, PP across nodes only if the model
 does not fit (smallest power of two that fits with an even split), DP for the rest,
-micro-batch 1, no ZeRO-1 / SP, layers split evenly.
+micro-batch 1, no ZeRO-1 / SP, layers split evenly; priced by the same model (like for like:
+the model config's attention, blockwise = flash-style, on both sides).
 All figures are model predictions (simulated), not measurements.
 """
 from __future__ import annotations
@@ -46,46 +44,18 @@ from typing import Sequence
 
 import numpy as np
 
-from costmodel.hardware import DeviceProfile, get_profile
-from costmodel.pipeline import fill_drain_time, flowshop_time, in_flight, transfer_time
-from costmodel.search._common import ConstraintRows
-from costmodel.search.ilp import ModelShape
+from costmodel.cluster.layers import group_costs
+from costmodel.cluster.pipeline import boundary_bytes, fill_drain_time, flowshop_time, in_flight, transfer_time
+from costmodel.cluster.rows import ConstraintRows
+from costmodel.cluster.workload import Cluster, Model, Workload
 
-__all__ = ["PipeWorkload", "PipeCluster", "PipeConfig", "PipePlan", "evaluate", "even_split", "megatron_config",
-           "ptip_plan", "candidate_configs"]
-
-
-@dataclass(frozen=True)
-class PipeWorkload:
-    seq_len: int = 2048
-    global_batch: int = 512  # sequences per iteration
-    flash: bool = False
-    act_bytes: int = 2
-
-
-@dataclass(frozen=True)
-class PipeCluster:
-    n_devices: int
-    profile: DeviceProfile
-    mfu: float = 0.5
-    memory_fraction: float = 0.9  # usable share of device memory (allocator, buffers, fragmentation)
-    mem_bw: float = 2.0e12  # HBM bytes/s for the optimizer update
-
-    def __post_init__(self):
-        if isinstance(self.profile, str):
-            object.__setattr__(self, "profile", get_profile(self.profile))
-
-    @property
-    def node(self) -> int:
-        return self.profile.devices_per_node
-
-    @property
-    def memory_limit(self) -> float:
-        return self.memory_fraction * self.profile.memory_bytes
+__all__ = ["PipeConfig", "PipePlan", "evaluate", "even_split", "megatron_config", "ptip_plan", "candidate_configs"]
 
 
 @dataclass(frozen=True)
 class PipeConfig:
+    """One way to split the cluster: data, tensor and pipeline degrees and the micro-batch."""
+
     dp: int
     tp: int
     pp: int
@@ -101,6 +71,8 @@ class PipeConfig:
 
 @dataclass
 class PipePlan:
+    """A configuration, its layers per stage and what the model predicts for it."""
+
     config: PipeConfig
     layers_per_stage: tuple
     iter_time_s: float
@@ -136,63 +108,57 @@ class _Coeffs:
     m: int
 
 
-def _coeffs(model: ModelShape, wl: PipeWorkload, cl: PipeCluster, cfg: PipeConfig) -> _Coeffs:
+def _strategy(cfg: PipeConfig) -> str:
+    return "tp_sp" if cfg.sp else "tp"
+
+
+def _layer_costs(model: Model, wl: Workload, cl: Cluster, cfg: PipeConfig):
+    """The shared cost model's costs of one layer of this configuration (None: it cannot run)."""
+    gc = group_costs(model, cl.profile, cfg.tp, cfg.micro_batch, wl.seq_len, strategies=(_strategy(cfg),))
+    return None if gc is None else (gc, gc.index(_strategy(cfg)))
+
+
+def _coeffs(model: Model, wl: Workload, cl: Cluster, cfg: PipeConfig) -> _Coeffs:
     prof = cl.profile
-    s, h, a, V = wl.seq_len, model.d_model, model.n_heads, model.vocab
-    mb, t, pp, d = cfg.micro_batch, cfg.tp, cfg.pp, cfg.dp
-    m = max(1, wl.global_batch // (d * mb))
-    rate = t * prof.flops * cl.mfu
+    gc, k = _layer_costs(model, wl, cl, cfg)
+    t, pp, d = cfg.tp, cfg.pp, cfg.dp
+    m = max(1, wl.global_batch // (d * cfg.micro_batch))
     lat = prof.link_latency_s
-    X = float(mb * s * h * wl.act_bytes)
-    # layer time
-    f_layer = 2.0 * mb * s * (model.params("attn") + model.params("mlp")) + 4.0 * mb * s * s * h
-    tp_comm = 0.0 if t == 1 else 4 * (2 * (t - 1) / t * X / prof.intra_node_bw + 2 * lat)
-    tau = 3 * f_layer / rate + tp_comm
-    # embedding, head
-    t_embed = (0.0 if t == 1 else 2 * (t - 1) / t * X / prof.intra_node_bw + lat)
-    t_head = 3 * 2.0 * mb * s * h * V / rate + (0.0 if t == 1 else 2 * (2 * (t - 1) / t * X / prof.intra_node_bw + lat))
-    # p2p between stages
-    cross = t * d >= cl.node
-    bw_pp = prof.inter_node_bw if cross else prof.intra_node_bw
-    c1 = transfer_time(X / t, bw_pp, lat)  # one transfer of a micro-batch's activations (or their gradients)
+    # p2p between stages: one micro-batch's activations (or their gradients), split over the TP group
+    cross = t * d >= cl.devices_per_node
+    c1 = transfer_time(boundary_bytes(cfg.micro_batch, wl.seq_len, model.spec.d_model, model.act_bytes) / t,
+                       prof.inter_node_bw if cross else prof.intra_node_bw, lat)
     b = np.zeros(pp)
     if pp > 1:
         b += 2 * 2 * c1  # fwd out/in + bwd in/out on each of the (up to) two boundaries
         b[0] -= 2 * c1
         b[-1] -= 2 * c1
-    b[0] += t_embed
-    b[-1] += t_head
+    b[-1] += gc.ends_time_s
     # memory
-    P_layer = model.params("attn") + model.params("mlp")
-    P_embed = model.params("embed")
-    P_head = model.params("embed") if (model.tied and pp > 1) else model.params("head")
-    per_param = (4.0 + 12.0 / d) if cfg.zero1 else 16.0
-    sbh = float(s * mb * h)
-    score = 0.0 if wl.flash else 5.0 * a * s / h
-    A_layer = sbh * (34 + score) / t if cfg.sp else sbh * (10 + 24 / t + score / t)
-    inflight = np.array([in_flight(k, pp, m, "1f1b") for k in range(pp)], dtype=float)
-    al = per_param * P_layer / t + inflight * A_layer
-    be = np.zeros(pp)
-    be[0] += per_param * P_embed / t + inflight[0] * 3 * sbh / (t if cfg.sp else 1)
-    be[-1] += per_param * P_head / t + 4.0 * mb * s * V / t + 4 * sbh / (t if cfg.sp else 1)
-    be += 2 * mb * s * model.d_ff * wl.act_bytes * 2 / t  # one layer's MLP workspace
-    # DP gradient sync per iteration (+ optimizer update, memory bound over the local states)
-    bw_dp = prof.intra_node_bw if t * d <= cl.node else prof.inter_node_bw
+    slots = model.optimizer_slots
+    zero1 = (2 + slots / d) / (2 + slots) if cfg.zero1 else 1.0
+    inflight = np.array([in_flight(j, pp, m, "1f1b") for j in range(pp)], dtype=float)
+    al = gc.states[k] * zero1 + gc.update_bytes + inflight * gc.activations[k]
+    be = np.full(pp, float(gc.peak[k]))
+    be[-1] = gc.table.layer_peak_bytes[k]  # the loss's transient, where it runs
+    be[0] += gc.ends_bytes
+    if pp > 1:
+        be[-1] += gc.ends_bytes
+    # DP gradient sync per iteration (+ the optimizer update of the stage's states)
+    bw_dp = prof.intra_node_bw if t * d <= cl.devices_per_node else prof.inter_node_bw
     ring = 0.0 if d == 1 else 2 * (d - 1) / d / bw_dp
-    g = ring * 2.0 * P_layer / t
+    upd = 1.0 / d if cfg.zero1 else 1.0
+    g = ring * gc.grad_bytes[k] + upd * gc.update_time_s
     de = np.zeros(pp)
-    de[0] += ring * 2.0 * P_embed / t
-    de[-1] += ring * 2.0 * P_head / t
+    de[0] += ring * gc.ends_grad_bytes
+    if pp > 1:
+        de[-1] += ring * gc.ends_grad_bytes
     if d > 1:
         de += 2 * (d - 1) * lat
-    upd = (16.0 / (d if cfg.zero1 else 1)) * 2 / cl.mem_bw  # read + write the fp32 states
-    g += upd * P_layer / t
-    de[0] += upd * P_embed / t
-    de[-1] += upd * P_head / t
-    return _Coeffs(a=tau, b=b, al=al, be=be, g=g, de=de, m=m)
+    return _Coeffs(a=float(gc.time_s[k]), b=b, al=al, be=be, g=float(g), de=de, m=m)
 
 
-def evaluate(model: ModelShape, wl: PipeWorkload, cl: PipeCluster, cfg: PipeConfig,
+def evaluate(model: Model, wl: Workload, cl: Cluster, cfg: PipeConfig,
              layers_per_stage: Sequence[int]) -> PipePlan:
     """Iteration time and per-device bytes of a configuration with these stage sizes."""
     n = np.asarray(layers_per_stage, dtype=float)
@@ -215,10 +181,10 @@ def even_split(n_layers: int, pp: int) -> list:
     return [q + (1 if k < r else 0) for k in range(pp)]
 
 
-def megatron_config(model: ModelShape, wl: PipeWorkload, cl: PipeCluster) -> PipePlan:
+def megatron_config(model: Model, wl: Workload, cl: Cluster) -> PipePlan:
     """TP = devices per node, PP across nodes only if needed (even split), DP for the rest, mb 1."""
-    t = min(cl.node, cl.n_devices)
-    while t > 1 and (model.n_heads % t or model.d_ff % t):
+    t = min(cl.devices_per_node, cl.n_devices)
+    while t > 1 and _layer_costs(model, wl, cl, PipeConfig(1, t, 1)) is None:
         t //= 2
     nodes = cl.n_devices // t
     best = None
@@ -235,12 +201,13 @@ def megatron_config(model: ModelShape, wl: PipeWorkload, cl: PipeCluster) -> Pip
     return best
 
 
-def candidate_configs(model: ModelShape, wl: PipeWorkload, cl: PipeCluster, micro_batches=(1, 2, 4),
+def candidate_configs(model: Model, wl: Workload, cl: Cluster, micro_batches=(1, 2, 4),
                       zero1=(False,), sp=(False,)) -> list:
+    """Every configuration the cluster divides into and the layer's strategy can run."""
     out = []
     n = cl.n_devices
     for t in (1, 2, 4, 8, 16):
-        if t > min(cl.node, n) or n % t or model.n_heads % t or model.d_ff % t:
+        if t > min(cl.devices_per_node, n) or n % t:
             continue
         for pp in range(1, min(model.n_layers, n // t) + 1):
             if (n // t) % pp:
@@ -253,13 +220,14 @@ def candidate_configs(model: ModelShape, wl: PipeWorkload, cl: PipeCluster, micr
                     if z and d == 1:
                         continue
                     for q in sp:
-                        if q and t == 1:
+                        cfg = PipeConfig(dp=d, tp=t, pp=pp, micro_batch=mb, zero1=z, sp=q)
+                        if (q and t == 1) or _layer_costs(model, wl, cl, cfg) is None:
                             continue
-                        out.append(PipeConfig(dp=d, tp=t, pp=pp, micro_batch=mb, zero1=z, sp=q))
+                        out.append(cfg)
     return out
 
 
-def ptip_plan(model: ModelShape, wl: PipeWorkload, cl: PipeCluster, *, micro_batches=(1, 2, 4),
+def ptip_plan(model: Model, wl: Workload, cl: Cluster, *, micro_batches=(1, 2, 4),
               zero1: Sequence[bool] = (False,), sp: Sequence[bool] = (False,), time_limit: float = 120.0) -> PipePlan:
     """The fastest (dp, tp, pp, mb[, zero1, sp]) and stage sizes by one MIP (see module doc)."""
     from scipy.optimize import Bounds, milp

@@ -1,4 +1,9 @@
-"""The grid solver of `exact_plan`: DP over layers and discretised memory, per transient cap.
+"""Test oracle: the per-bucket optimum by DP over layers and discretised memory, per transient cap.
+
+`grid_dp_plan(table, budget)` must agree with `costmodel.search.exact_plan` (the label search)
+and with HiGHS (`tests.oracles.milp.milp_plan`); it was the exact search's fallback before
+the label search proved itself, and is kept as an independent solver for the tests and
+benchmarks/search.py only.
 
 The max-over-layers transient term is handled exactly by enumerating its value: the cap C
 ranges over the distinct transients (pk[j] and pk[j] + swb[i, j]). Under a cap C only the
@@ -13,7 +18,7 @@ below and offers its best plan (optimal for that cap when it fits it). A cap is 
 when that bound, or its Lagrangian bound (max over lam of the fastest plan under
 time + lam x stored bytes, a shortest path over identical layers computed by min-plus
 matrix powers), is not below the incumbent; a new DP runs only for the caps left. The
-incumbent starts as the ParaDySe plan (or the label search's), so the result is never worse than it.
+incumbent starts as the ParaDySe plan, so the result is never worse than it.
 
 Memory: every layer stores at least min(w); the DP counts the excess w - min(w) in grid
 units. Exact grid: when all excesses are integer multiples of one unit g (bytes from shape
@@ -25,7 +30,7 @@ for sure), then its fastest states up to the budget (`scan` of them) checked in 
 bytes. The unit is chosen near span / bins so that every excess lies just above a whole
 number of units (small remainders: tight bound). The plan is proven optimal when it
 meets the bound; while the gap exceeds `rel_tol` the grid is
-refined (x4 up to `max_bins`), then `fallback="milp"` can settle the rest. The returned
+refined (x4 up to `max_bins`). The returned
 plan always truly fits; `optimal` says whether it was proven, `info["gap"]` bounds how far
 from the optimum it can be.
 
@@ -44,9 +49,14 @@ from typing import Optional
 
 import numpy as np
 
-from costmodel.search._common import TableArrays, plan_time, plan_transient
+import time as _time
 
-__all__ = ["choose_grid", "solve_caps"]
+from costmodel.search import paradyse_plan
+from costmodel.search.arrays import TableArrays, fewest_bytes_plan, plan_time, plan_transient, subset, table_arrays
+from costmodel.search.prune import prune_exact
+from costmodel.search.result import SearchResult, search_result
+
+__all__ = ["grid_dp_plan", "choose_grid", "solve_caps"]
 
 _INF = np.inf
 
@@ -324,3 +334,72 @@ def _lagrange_bound(t: np.ndarray, e: np.ndarray, S: np.ndarray, L: int, E: floa
             f1 = val(x1)
         best = max(best, f1, f2)
     return best
+
+
+def grid_dp_plan(table, budget_bytes: float, *, bins: int = 1024, max_bins: int = 4096, exact_bins: int = 4096,
+                 rel_tol: float = 1e-3, scan: int = 16, prune: bool = True) -> SearchResult:
+    """The fastest per-layer plan within `budget_bytes` by the grid DP (method `dp`).
+
+    bins: grid units over the stored-byte span; while the plan is not proven within rel_tol
+    of the optimum the grid is refined x4 up to max_bins. exact_bins: an exact integer grid
+    (all stored-byte differences multiples of one unit) is used whenever it needs at most this
+    many units. scan: final states checked per DP for a truly fitting plan. The returned plan
+    fits when anything fits (fits=False: nothing fits, the fewest-bytes plan is returned).
+    optimal: proven optimal; info: kept choices, unit_bytes, grid_exact, bins, DPs run, caps
+    pruned / settled without a DP, lower_bound_s (a proven lower bound on the optimum), gap.
+    """
+    t0 = _time.perf_counter()
+    full = table_arrays(table)
+    keep = prune_exact(full) if prune else np.arange(full.K)
+    a = subset(full, keep)
+    S_avail = float(budget_bytes) - a.base_b
+    wmin = float(a.w.min())
+    e = a.w - wmin
+    span = S_avail - float(a.pk.min()) - a.L * wmin
+    info = {"kept": int(len(keep)), "choices": int(full.K), "dps": 0, "pruned": 0, "quick": 0}
+
+    def done(plan, optimal=True, **extra):
+        if plan is None:
+            plan, extra = fewest_bytes_plan(full), {**extra, "reason": "nothing fits"}
+        else:
+            plan = [int(keep[i]) for i in plan]
+        return search_result(table, full, plan, budget_bytes, "dp", optimal=optimal,
+                             search_s=_time.perf_counter() - t0, info={**info, **extra})
+
+    if span < 0:
+        return done(None)
+    if e.max() > 0:
+        span = min(span, a.L * float(e.max()))
+    seed = None
+    # incumbent: the best uniform or ParaDySe two-segment plan that fits (prunes caps early)
+    h = paradyse_plan(_SubTable(a), budget_bytes)
+    if h.fits:
+        seed = (h.time_s - a.base_t, list(h.per_layer))
+    nb, lower, gap = bins, -_INF, _INF
+    while True:
+        unit, exact = choose_grid(e, span, nb, exact_bins, a.L)
+        info.update(unit_bytes=unit, grid_exact=exact, bins=nb)
+        lo, plan, v = solve_caps(a, S_avail, unit, exact, info, seed, scan)
+        lower = max(lower, lo)
+        if plan is None and not np.isfinite(lo):
+            return done(None)  # even the relaxation has nothing: provably nothing fits
+        if plan is not None:
+            seed = (v, plan)
+        gap = (seed[0] - lower) / (seed[0] + a.base_t) if seed is not None else _INF
+        if seed is not None and (exact or gap <= max(rel_tol, 1e-12)):
+            return done(seed[1], optimal=exact or gap <= 1e-12, lower_bound_s=lower + a.base_t, gap=max(gap, 0.0))
+        if nb * 4 > max_bins:
+            break
+        nb *= 4
+    return done(seed[1] if seed else None, optimal=False, lower_bound_s=lower + a.base_t, gap=gap)
+
+
+class _SubTable:
+    """TableArrays seen as a cost table (for running the heuristic on the pruned choices)."""
+
+    def __init__(self, a: TableArrays):
+        self.choices = tuple(range(a.K))
+        self.n_layers = a.L
+        self.layer_time_s, self.layer_stored_bytes, self.layer_peak_bytes = a.t, a.w, a.pk
+        self.switch_time_s, self.switch_bytes = a.swt, a.swb
+        self.base_bytes, self.base_time_s = a.base_b, a.base_t

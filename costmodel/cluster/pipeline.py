@@ -1,6 +1,6 @@
 """Pipeline-parallel cost terms: bubbles, in-flight activations, transfers, schedules.
 
-Small pure functions shared by the planners (`costmodel.search.ptip`, `costmodel.hetero`).
+Small pure functions shared by the planners (`costmodel.cluster.ptip`, `costmodel.cluster.hetero`).
 Stage k of p (0 = first) runs m micro-batches per iteration. Schedules:
   gpipe  every forward, then every backward; each stage keeps all m micro-batches' activations.
   1f1b   min(p - k - 1, m) warm-up forwards, then one forward / one backward alternately, then

@@ -1,6 +1,6 @@
 """Event-driven pipeline simulator: replays a schedule's operations on the stages and links.
 
-Each stage runs its `costmodel.pipeline.stage_ops` in order, one at a time; a forward waits for
+Each stage runs its `costmodel.cluster.pipeline.stage_ops` in order, one at a time; a forward waits for
 its input, a backward for its gradient, each sent over the link between the two stages (one
 transfer at a time per direction, in arrival order). Memory per device: the stage's static bytes,
 + kept activations from each forward's start until its backward ends, + the re-materialised
@@ -13,8 +13,8 @@ import heapq
 from dataclasses import dataclass
 from typing import Sequence
 
-from costmodel.hetero.stage import StageCost
-from costmodel.pipeline import stage_ops
+from costmodel.cluster.hetero.stage import StageCost
+from costmodel.cluster.pipeline import stage_ops
 
 __all__ = ["SimResult", "simulate"]
 

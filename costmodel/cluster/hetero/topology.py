@@ -14,8 +14,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
-from costmodel.hetero.cluster import Cluster, Group
-from costmodel.pipeline import flowshop_time, transfer_time
+from costmodel.cluster.hetero.cluster import Group, HeteroCluster
+from costmodel.cluster.pipeline import flowshop_time, transfer_time
 
 __all__ = ["Unit", "units", "boundary_times", "order_cost", "candidate_orders"]
 
@@ -36,7 +36,7 @@ def units(order: Sequence[Group], widths: dict) -> list:
     return [Unit(g, i, widths[g.device]) for g in order for i in range(0, g.count, widths[g.device])]
 
 
-def boundary_times(cluster: Cluster, stages: Sequence[Unit], nbytes: float) -> list:
+def boundary_times(cluster: HeteroCluster, stages: Sequence[Unit], nbytes: float) -> list:
     """Seconds to move `nbytes` across each boundary k -> k + 1."""
     out = []
     for a, b in zip(stages, stages[1:]):
@@ -45,13 +45,13 @@ def boundary_times(cluster: Cluster, stages: Sequence[Unit], nbytes: float) -> l
     return out
 
 
-def order_cost(cluster: Cluster, order: Sequence[Group], widths: dict, nbytes: float, m: int) -> float:
+def order_cost(cluster: HeteroCluster, order: Sequence[Group], widths: dict, nbytes: float, m: int) -> float:
     """Flow-shop time of this order's boundary transfers."""
     c = boundary_times(cluster, units(order, widths), nbytes)
     return float(flowshop_time(c, m)) if c else 0.0
 
 
-def _greedy(cluster: Cluster, widths: dict, nbytes: float, m: int) -> list:
+def _greedy(cluster: HeteroCluster, widths: dict, nbytes: float, m: int) -> list:
     orders = []
     for start in cluster.groups:
         order, left = [start], [g for g in cluster.groups if g is not start]
@@ -63,7 +63,7 @@ def _greedy(cluster: Cluster, widths: dict, nbytes: float, m: int) -> list:
     return orders
 
 
-def candidate_orders(cluster: Cluster, widths: dict, nbytes: float, m: int, tolerance: float = 0.05,
+def candidate_orders(cluster: HeteroCluster, widths: dict, nbytes: float, m: int, tolerance: float = 0.05,
                      limit: int = 8) -> list:
     """Distinct group orders within `tolerance` of the least boundary-transfer time, best first."""
     groups = cluster.groups

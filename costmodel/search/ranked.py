@@ -1,0 +1,64 @@
+"""The per-bucket plan search: ranked plans for one cost table under a byte budget.
+
+`ranked_plans(table, budget)` is what a trainer asks: the plan to run and the fallbacks to try
+in order when the compiled program of one does not fit (a prediction that was too low):
+
+    1. the optimum within the budget (method `exact`, or ParaDySe's Algorithm 1 with
+       method="paradyse");
+    2. the optimum under tighter budgets (`fractions` of it), each kept when it fits its budget;
+    3. the plan with the fewest bytes (`leanest`), always last.
+
+Plans that repeat an earlier one are dropped. When nothing fits the budget, the ranking is the
+leanest plan alone (`best.fits` is False). With no budget (None), the budget is one every plan
+of the table meets.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from costmodel.search.exact import exact_plan, leanest_plan
+from costmodel.search.paradyse import paradyse_plan
+from costmodel.search.result import SearchResult
+
+__all__ = ["Ranking", "ranked_plans", "METHODS", "FRACTIONS", "unlimited_budget"]
+
+METHODS = {"exact": exact_plan, "paradyse": paradyse_plan}
+FRACTIONS = (0.9, 0.8, 0.65, 0.5)
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """The plans of one bucket in the order to try them (`candidates[0]` is `best`'s plan)."""
+
+    best: SearchResult  # the optimum within the budget; when nothing fits, the leanest plan
+    candidates: tuple[SearchResult, ...]  # distinct plans, best first, the leanest last
+    budget_bytes: float
+
+    @property
+    def fits(self) -> bool:
+        return self.best.fits
+
+
+def unlimited_budget(table) -> float:
+    """A byte budget every plan of `table` meets."""
+    return float(table.base_bytes + table.n_layers * table.layer_stored_bytes.max()
+                 + table.layer_peak_bytes.max() + table.switch_bytes.max())
+
+
+def ranked_plans(table, budget_bytes: Optional[float], *, method: str = "exact",
+                 fractions: Sequence[float] = FRACTIONS) -> Ranking:
+    """The ranked plans of one bucket's cost table within `budget_bytes` (see module doc)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown plan search method {method!r} (known: {', '.join(METHODS)})")
+    search = METHODS[method]
+    budget = unlimited_budget(table) if budget_bytes is None else float(budget_bytes)
+    best = search(table, budget)
+    lean = leanest_plan(table, budget)
+    if not best.fits:
+        return Ranking(best=lean, candidates=(lean,), budget_bytes=budget)
+    ranked = [best] + [r for r in (search(table, budget * f) for f in fractions) if r.fits] + [lean]
+    distinct = {}
+    for r in ranked:
+        distinct.setdefault(r.plan_id, r)
+    return Ranking(best=best, candidates=tuple(distinct.values()), budget_bytes=budget)
