@@ -29,6 +29,7 @@ from typing import Optional
 from sharding.remat import NAMES as REMAT_NAMES
 
 REMATS = REMAT_NAMES  # every static strategy under every policy, as auto may choose
+LEANNESS = ("full", "selective", "dots", "none")  # least kept first (max_length tries these first)
 STATIC = ("dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp")  # the static contenders' strategies
 
 
@@ -254,7 +255,7 @@ def strategy_max_lengths(trainer, strategy: str, start: int, cap: int) -> dict[s
     "best" the longest of them (XLA's figure against the trainer's budget). Leanest policy
     first: the others are searched only where they could beat it."""
     out, best, capped = {}, 0, False
-    for r in ("full", "dots", "none"):
+    for r in sorted(REMATS, key=LEANNESS.index):
         plan = static_plan(trainer, strategy, r)
         fits = lambda n, plan=plan: fits_at(trainer, plan, n)  # noqa: E731
         if best and (capped or not fits(2 * best)):  # the next length on the grid

@@ -13,6 +13,7 @@ from jax import lax
 
 from sharding.ops import blocks
 from sharding.ops.ring_attention import chunk_index
+from sharding.remat import keep
 from sharding.strategies.base import model_entry, model_size
 from sharding.strategies.description import (
     BATCH_ROLE, MODEL_ROLE, AttentionWork, Collective, Description, Rules, dense_or_tiles, gather_per_layer,
@@ -36,7 +37,8 @@ class Ulysses(SequenceSharded):
         def local(q, k, v, seg):
             index = chunk_index(seg.shape[0], seg.shape[1], axis)
             seg, index = (lax.all_gather(a, axis, axis=1, tiled=True) for a in (seg, index))
-            o = blocks.local_attention(seq_to_heads(q), seq_to_heads(k), seq_to_heads(v), spec,
+            q, k, v = keep((seq_to_heads(q), seq_to_heads(k), seq_to_heads(v)))  # not all-to-all again
+            o = blocks.local_attention(q, k, v, spec,
                                        q_segment_ids=seg, kv_segment_ids=seg,
                                        q_index=index, kv_index=index)
             return heads_to_seq(o)
