@@ -1,17 +1,21 @@
-"""ParaDySe's setting simulated with the cost model: 8 x A100-80GB, GitHubCode / GRCh38 lengths.
+"""ParaDySe's setting simulated with the cost model: 8 devices (A100-80GB by default), GitHubCode / GRCh38 lengths.
 
 MODEL PREDICTIONS, not measurements: every figure comes from `costmodel` (the calibrated memory
-model and the alpha-beta time model with the A100-80GB profile), nothing runs on a GPU.
+model and the alpha-beta time model with the device's profile), nothing runs on a GPU.
 
 For each static strategy (its remat policy chosen per bucket: the fastest that fits) and for
 `auto` (per-layer strategy and remat from the exact search):
   * max trainable length: the largest length (multiple of 1024, batch 1 - or the smallest
-    batch the strategy accepts) whose plan fits 80 GiB per device, by bisection;
+    batch the strategy accepts) whose plan fits the budget per device, by bisection;
   * time per epoch of a sample of the length distribution: sequences bucketed (powers of two),
     each bucket's steps x its predicted step time; sequences longer than a strategy's max
     length cannot be trained by it (reported as a share, and left out of its time).
 
-Usage: python benchmarks/plan_gpu_sim.py [--config configs/1.3b.yaml] [--docs N] [--json OUT]
+The budget is the memory the trainer would plan with there: JAX's allocator's share of the
+device (XLA_PYTHON_CLIENT_MEM_FRACTION, default 0.75) less `parallel.memory_headroom`.
+
+Usage: python benchmarks/plan_gpu_sim.py [--config configs/1.3b.yaml] [--hardware a100-80gb]
+                                         [--docs N] [--json OUT]
 """
 from __future__ import annotations
 
@@ -102,6 +106,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "..", "configs", "1.3b.yaml"))
     ap.add_argument("--docs", type=int, default=20000, help="sequences sampled per distribution")
+    ap.add_argument("--hardware", default="a100-80gb", help="device profile (costmodel.hardware)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     import dysejax
@@ -111,17 +116,21 @@ def main(argv=None):
     t0 = time.time()
     cfg = dysejax.load_config(args.config)
     spec, L, V = block_spec(cfg.model), cfg.model.n_layers, cfg.model.vocab_size
-    hardware = "a100-80gb"
-    budget = float(get_profile(hardware).memory_bytes)
+    from dysejax.runtime import usable_bytes
+    hardware = args.hardware
+    # what the trainer would plan with on that device: JAX's allocator's share less the headroom
+    budget = float(usable_bytes(get_profile(hardware).memory_bytes, cfg.parallel.memory_headroom))
     sets = {name: (name,) for name in STATIC}
     sets["auto"] = STATIC
-    out = {"label": "model predictions (costmodel, A100-80GB profile), not measurements",
+    out = {"label": f"model predictions (costmodel, {get_profile(hardware).name} profile), not measurements",
+           "hardware": hardware, "device_bytes": get_profile(hardware).memory_bytes,
            "config": os.path.basename(args.config), "devices": 8, "budget_bytes": int(budget),
            "tokens_per_step": TOKENS_PER_STEP, "strategies": {}}
     max_lens = {name: max_length(spec, L, V, st, hardware, budget) for name, st in sets.items()}
     cache: dict = {}
     # every static strategy trains the sequences of the buckets (powers of two) up to this
-    common = 2 ** int(math.log2(min(max_lens[name] for name in STATIC)))
+    # (strategies that cannot train any length at this budget are left out of that figure)
+    common = 2 ** int(math.log2(min(max_lens[name] for name in STATIC if max_lens[name]) or 1))
     out["common_max_len"] = common
     for dist in ("githubcode", "grch38"):
         lengths = sample_lengths(dist, args.docs, np.random.default_rng(0), max_len=max(max_lens.values()) * 2)
