@@ -80,7 +80,7 @@ def config_table(name: str, seq_len: int, batch: int, *, n_layers: Optional[int]
                  profile="a100-80gb", remats: Optional[Sequence[str]] = None, strategies=None):
     """The cost table of a shipped config's model for one bucket on one node of `n_devices`
     (ParaDySe's setting): every feasible strategy (or those of `strategies`) x `remats` (default
-    none, full, dots)."""
+    every policy, `costmodel.table.REMATS`)."""
     from costmodel.table import REMATS, cost_table, default_choices
     m = config_model(name, n_layers)
     mesh = {"data": n_devices}
