@@ -12,7 +12,6 @@ from typing import Any, Optional, Sequence
 from sharding.remat import NAMES as REMAT_NAMES
 
 
-
 class PlanSyntaxError(ValueError):
     """A written plan is malformed or does not cover the model's layers."""
 

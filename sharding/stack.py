@@ -23,6 +23,7 @@ from sharding.plan import Plan
 from sharding.remat import checkpointed, keep
 from sharding.strategies import get_strategy
 
+
 def layer_weight_shapes(spec: BlockSpec) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
     """Per-layer weight shapes and logical axes (without the leading layers axis)."""
     d, h, k, f = spec.d_model, spec.n_heads, spec.head_dim, spec.d_ff

@@ -47,15 +47,20 @@ class Model:
         return _DTYPE_BYTES.get(self.spec.compute_dtype, 4)
 
 
-def load_model(path: str) -> Model:
-    """The `model:` section of a dysejax config as a `Model` (dysejax's defaults for missing keys)."""
+def read_yaml(path: str, what: str):
+    """The parsed YAML file at `path`; a one-line ClusterError naming `what` it should hold otherwise."""
     try:
         with open(path) as f:
-            data = yaml.safe_load(f)
+            return yaml.safe_load(f)
     except OSError as e:
-        raise ClusterError(f"cannot read model config {path}: {e.strerror}") from None
+        raise ClusterError(f"cannot read {what} {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise ClusterError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+
+
+def load_model(path: str) -> Model:
+    """The `model:` section of a dysejax config as a `Model` (dysejax's defaults for missing keys)."""
+    data = read_yaml(path, "model config")
     m = data.get("model") if isinstance(data, dict) else None
     if not isinstance(m, dict):
         raise ClusterError(f"{path}: no 'model:' section; give a dysejax config such as configs/7b.yaml")

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import yaml
-
-from costmodel.cluster.workload import ClusterError
+from costmodel.cluster.workload import ClusterError, read_yaml
 from costmodel.hardware import PROFILES, DeviceProfile
 
 __all__ = ["ClusterError", "Group", "Link", "HeteroCluster", "load_cluster", "parse_cluster"]
@@ -160,11 +158,4 @@ def parse_cluster(data, source: str = "cluster") -> HeteroCluster:
 
 def load_cluster(path: str) -> HeteroCluster:
     """Read and validate a cluster YAML file."""
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
-    except OSError as e:
-        raise ClusterError(f"cannot read cluster file {path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise ClusterError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    return parse_cluster(data, path)
+    return parse_cluster(read_yaml(path, "cluster file"), path)
