@@ -55,3 +55,9 @@ def test_leanest_within_equals_highs(seed):
         assert r.time_s <= T
         assert r.bytes == pytest.approx(tb.plan_bytes(m.per_layer), rel=1e-9, abs=2.0)
     assert ilp.leanest_within(tb, fast * (1 - 1e-6)) is None  # faster than the fastest plan
+
+
+def test_megatron_baseline_is_found_by_its_layouts():
+    """The cluster planners name Megatron's tensor parallelism by layout, not by a strategy name."""
+    from costmodel.cluster.megatron import tensor_parallel
+    assert (tensor_parallel(), tensor_parallel(sequence_parallel=True)) == ("tp", "tp_sp")

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from costmodel.cluster.layers import GroupCosts, group_costs
+from costmodel.cluster.megatron import tensor_parallel
 from costmodel.cluster.workload import Cluster, ClusterError, Model, Workload
 from costmodel.search import SearchResult, exact_plan, leanest_plan, unlimited_budget
 from sharding.plan import Plan, compress
@@ -138,10 +139,11 @@ def _cost(lay: Layout, per_layer, wl: Workload, cl: Cluster) -> PlanCost:
 
 
 def megatron_plan(model: Model, lay: Layout) -> list:
-    """Megatron-LM's standard configuration on a layout: every layer `tp` without remat."""
-    k = lay.costs.index("tp", "none")
+    """Megatron-LM's standard configuration on a layout: every layer tensor-parallel without remat."""
+    tp = tensor_parallel()
+    k = lay.costs.index(tp, "none")
     if k is None:
-        raise ClusterError(f"tp cannot serve {model.name} on this node (Megatron's configuration)")
+        raise ClusterError(f"{tp} cannot serve {model.name} on this node (Megatron's configuration)")
     return [k] * model.n_layers
 
 

@@ -45,6 +45,7 @@ from typing import Sequence
 import numpy as np
 
 from costmodel.cluster.layers import group_costs
+from costmodel.cluster.megatron import tensor_parallel
 from costmodel.cluster.pipeline import boundary_bytes, fill_drain_time, flowshop_time, in_flight, transfer_time
 from costmodel.cluster.rows import ConstraintRows
 from costmodel.cluster.workload import Cluster, Model, Workload
@@ -109,7 +110,7 @@ class _Coeffs:
 
 
 def _strategy(cfg: PipeConfig) -> str:
-    return "tp_sp" if cfg.sp else "tp"
+    return tensor_parallel(cfg.sp)
 
 
 def _layer_costs(model: Model, wl: Workload, cl: Cluster, cfg: PipeConfig):

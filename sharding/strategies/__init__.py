@@ -1,5 +1,8 @@
-"""Strategy registry: one file per strategy, looked up by name."""
+"""Strategy registry: one file per strategy, looked up by name or by its layouts."""
+from typing import Optional
+
 from sharding.strategies.base import Strategy, StrategyShapeError
+from sharding.strategies.description import Rules
 from sharding.strategies.dp import DataParallel
 from sharding.strategies.fsdp import FullyShardedDataParallel
 from sharding.strategies.metp import MemoryEfficientTensorParallel
@@ -22,4 +25,13 @@ def get_strategy(name: str) -> Strategy:
         raise KeyError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)})") from None
 
 
-__all__ = ["STRATEGIES", "Strategy", "StrategyShapeError", "get_strategy"]
+def find_strategy(boundary: Rules, compute: Rules) -> Optional[str]:
+    """The registered strategy whose boundary and compute layouts are these (None if none): how
+    a planner names a configuration it defines by layout, e.g. Megatron's tensor parallelism."""
+    for name, strategy in STRATEGIES.items():
+        if (dict(strategy.boundary.roles), dict(strategy.compute.roles)) == (dict(boundary.roles), dict(compute.roles)):
+            return name
+    return None
+
+
+__all__ = ["STRATEGIES", "Strategy", "StrategyShapeError", "find_strategy", "get_strategy"]
