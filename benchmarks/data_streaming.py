@@ -131,7 +131,7 @@ def phase_train(work: str, steps: int) -> dict:
 
     import dysejax
 
-    sets = [f"data.source=parquet", f"data.path={os.path.join(work, 'corpus')}", "data.tokenizer=bytes",
+    sets = ["data.source=parquet", f"data.path={os.path.join(work, 'corpus')}", "data.tokenizer=bytes",
             "model.vocab_size=264", "data.long_policy=truncate", "data.eval_fraction=0.001", "data.eval_batches=0",
             "train.progress=false", "train.checkpoint_every=1000000", f"train.steps={steps}"]
     config = dysejax.load_config(os.path.join(ROOT, "configs", "tiny.yaml"), sets)

@@ -274,6 +274,7 @@ class MemoryCoefficients:
     # {strategy: {feature: c}} (one fit over all remats), or {"strategy@remat": ...} (per policy)
     stored: dict = field(default_factory=dict)
     peak: dict = field(default_factory=dict)
+    loss: dict = field(default_factory=dict)  # {"strategy:loss split": {loss feature: c}}
 
     def key(self, strategy: str, remat: str = "none") -> Optional[str]:
         """The entry that holds this strategy's multipliers (per policy first), or None."""
@@ -287,11 +288,12 @@ class MemoryCoefficients:
         return (self.stored[key], self.peak.get(key, {})) if key else ({}, {})
 
     def to_json(self) -> dict:
-        return {"stored": self.stored, "peak": self.peak}
+        return {"stored": self.stored, "peak": self.peak, "loss": self.loss}
 
     @classmethod
     def from_json(cls, data: Mapping) -> "MemoryCoefficients":
-        return cls(stored=dict(data.get("stored", {})), peak=dict(data.get("peak", {})))
+        return cls(stored=dict(data.get("stored", {})), peak=dict(data.get("peak", {})),
+                   loss=dict(data.get("loss", {})))
 
 
 ANALYTICAL = MemoryCoefficients()
@@ -349,17 +351,27 @@ def base_memory(shape: Shape, vocab: int, n_layers: int) -> float:
 # them at 8K and 16K tokens, chunks 512 and 1,024, vocabularies 16K and 32K
 # (tests/test_chunked_loss.py checks it)
 LOSS_CHUNK_COPIES = 2.0
+LOSS_FEATURES = ("logits", "tokens", "gathered", "head", "stats")
 
 
-def loss_memory(shape: Shape, strategy: str, vocab: int, chunk: int = 1024) -> float:
-    """Transient bytes per device of the embedding lookup and the loss when `strategy` computes
-    them (while every layer's stored activations are alive), as `sharding.ops.chunked_loss`
-    computes it `chunk` tokens at a time (<= 0: all at once) with the vocabulary split the
-    strategy's `loss_split` names: float32 logits, exponentials and gradient of one chunk and
-    one vocabulary block; for a ring, the travelling head block (double buffered) with its
-    gradient and the per-token gradient and statistics; for the vocabulary-parallel loss, the
-    model group's gathered tokens it keeps for the backward; for a whole head, the gathered
-    table with its full-size gradient; and the final norm's input / output / gradient."""
+def loss_features(shape: Shape, strategy: str, vocab: int, chunk: int = 1024) -> tuple[str, dict]:
+    """(the key of its multipliers, the loss transient's analytical terms in bytes per device)
+    when `strategy` computes the
+    embedding lookup and the loss (while every layer's stored activations are alive), as
+    `sharding.ops.chunked_loss` computes it `chunk` tokens at a time (<= 0: all at once) with
+    the vocabulary split the strategy's `loss_split` names:
+
+      logits    float32 logits and their gradient of one chunk and one vocabulary block
+      tokens    the final norm's input, output and gradient for this device's tokens
+      gathered  the vocabulary-parallel loss's tokens gathered from the model group (kept for
+                its backward)
+      head      a ring's travelling head block (double buffered) with its gradient; a whole
+                head's gathered table with its full-size gradient
+      stats     a ring's per-token gradient and online statistics
+
+    The key is `strategy:split` (`ring`, `vocab` or `whole`, as `loss_split` names it): a
+    strategy's multipliers hold for the way it splits this vocabulary.
+    """
     h, e, pb = shape.spec.d_model, shape.e_mem, shape.param_bytes
     strat, layer = get_strategy(strategy), shape.layer
     bl, s_loc = strat.rows(layer), strat.boundary_seq(layer)
@@ -368,14 +380,29 @@ def loss_memory(shape: Shape, strategy: str, vocab: int, chunk: int = 1024) -> f
     own = bl * s_loc
     tokens = bl * shape.seq_len / strat.compute.split(SEQ, layer) if kind == "vocab" else own
     c = tokens if chunk <= 0 else min(chunk, tokens)
-    total = c * vocab / split * F32 * LOSS_CHUNK_COPIES + 3 * own * h * e
+    out = dict.fromkeys(LOSS_FEATURES, 0.0)
+    out["logits"] = c * vocab / split * F32 * LOSS_CHUNK_COPIES
+    out["tokens"] = 3 * own * h * e
     if kind == "vocab":
-        total += (tokens - own) * h * e
+        out["gathered"] = (tokens - own) * h * e
     elif kind == "ring":
-        total += h * vocab / split * (2 * pb + F32) + tokens * (h + 4) * F32
+        out["head"] = h * vocab / split * (2 * pb + F32)
+        out["stats"] = tokens * (h + 4) * F32
     else:
-        total += vocab * h * (pb + (e if e != pb else 0) + F32)
-    return total
+        out["head"] = vocab * h * (pb + (e if e != pb else 0) + F32)
+    return f"{strategy}:{kind}", out
+
+
+def loss_memory(shape: Shape, strategy: str, vocab: int, chunk: int = 1024,
+                coefficients: Optional["MemoryCoefficients"] = None) -> float:
+    """Transient bytes per device of the embedding lookup and the loss when `strategy` computes
+    them: `loss_features` with this strategy's multipliers (None: the shipped ones, fitted to
+    XLA's loss programs by `python benchmarks/loss_memory.py --fit`; `ANALYTICAL`: all 1)."""
+    if coefficients is None:
+        coefficients = default_coefficients()
+    key, features = loss_features(shape, strategy, vocab, chunk)
+    c = coefficients.loss.get(key, {})
+    return sum(c.get(name, 1.0) * v for name, v in features.items())
 
 
 def megatron_activation_bytes(shape: Shape, strategy: str) -> float:
@@ -428,8 +455,10 @@ def default_coefficients() -> MemoryCoefficients:
 
 
 def write_default_coefficients(coefficients: MemoryCoefficients, meta: Optional[dict] = None) -> str:
-    """Replace the shipped coefficients file (and the cached copy)."""
+    """Replace the shipped coefficients file (and the cached copy); the shipped loss multipliers
+    are kept unless `coefficients` has its own."""
     data = coefficients.to_json()
+    data["loss"] = coefficients.loss or default_coefficients().loss
     if meta:
         data["meta"] = meta
     with open(DEFAULT_COEFFICIENTS_PATH, "w") as fh:

@@ -12,9 +12,9 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-from costmodel.memory import (ANALYTICAL, PEAK_FEATURES, STORED_FEATURES, MemoryCoefficients, Shape,
-                              analytical_features, default_coefficients, feasible_strategies, layer_memory,
-                              plan_layer_bytes, strategy_names)
+from costmodel.memory import (ANALYTICAL, LOSS_FEATURES, PEAK_FEATURES, STORED_FEATURES, MemoryCoefficients, Shape,
+                              analytical_features, default_coefficients, embedding_elems, feasible_strategies,
+                              layer_memory, loss_features, plan_layer_bytes, strategy_names)
 from sharding.ops.blocks import BlockSpec
 
 def measure_layer(strategy: str, spec: BlockSpec, mesh, batch: int, seq_len: int, remat: str = "none",
@@ -167,3 +167,60 @@ def relative_errors(samples: Sequence[Sample], coefficients: Optional[MemoryCoef
                        total_err=abs(pred - smp.total[n_layers]) / smp.total[n_layers])
         rows.append(row)
     return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# The loss transient
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LossSample:
+    """XLA's transient bytes per device of one loss program (`costmodel.probe.loss_step`): temp
+    plus the gradient of the hidden states (the head's gradient is a state, in `base_memory`)."""
+
+    shape: Shape
+    strategy: str
+    vocab: int
+    chunk: int
+    bytes: float
+
+    def features(self) -> tuple[str, dict]:
+        """(the key of its multipliers, the analytical loss features)."""
+        return loss_features(self.shape, self.strategy, self.vocab, self.chunk)
+
+
+def measure_loss_samples(strategies: Sequence[str], spec: BlockSpec, mesh, shapes: Sequence[tuple[int, int]],
+                         vocabs: Sequence[int], chunks: Sequence[int], progress=None) -> list[LossSample]:
+    """XLA loss samples for every strategy x (batch, seq_len) x vocabulary x chunk it can serve."""
+    from costmodel.probe import loss_step
+    mesh_shape, backend = dict(mesh.shape), mesh.devices.flat[0].platform
+    out = []
+    for batch, seq_len in shapes:
+        ok = set(feasible_strategies(spec, mesh_shape, batch, seq_len, strategies))
+        for strategy in (s for s in strategies if s in ok):
+            for vocab in vocabs:
+                for chunk in chunks:
+                    mem = loss_step(strategy, spec, mesh, batch, seq_len, vocab, chunk).memory_analysis()
+                    shape = Shape(spec, mesh_shape, batch, seq_len, backend=backend)
+                    head_grad = embedding_elems(vocab, spec.d_model, shape.n_devices) * shape.param_bytes
+                    sample = LossSample(shape, strategy, vocab, chunk,
+                                        float(mem.temp_size_in_bytes + mem.output_size_in_bytes - head_grad))
+                    out.append(sample)
+                    if progress:
+                        progress(sample)
+    return out
+
+
+def fit_loss_coefficients(samples: Sequence[LossSample], prior: float = 0.02) -> dict:
+    """{"strategy:loss split": {loss feature: multiplier}} fitted to XLA's loss samples
+    (non-negative least squares in relative error, pulled toward the analytical 1s by `prior`)."""
+    out = {}
+    groups: dict[str, list[tuple[dict, float]]] = {}
+    for smp in samples:
+        key, features = smp.features()
+        groups.setdefault(key, []).append((features, smp.bytes))
+    for key, group in groups.items():
+        A = np.array([[features[name] for name in LOSS_FEATURES] for features, _ in group], dtype=float)
+        used = [i for i in range(len(LOSS_FEATURES)) if np.any(A[:, i] > 0)]
+        coef = _nnls(A[:, used], np.array([y for _, y in group]), prior)
+        out[key] = {LOSS_FEATURES[i]: round(float(c), 4) for i, c in zip(used, coef)}
+    return out

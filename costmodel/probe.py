@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 
 from costmodel.hlo import collective_bytes
-from sharding.layout import LAYERS, StorageLayout
+from sharding.layout import HEAD_AXES, LAYERS, StorageLayout
 from sharding.ops.blocks import BlockSpec
 from sharding.plan import Plan, Run
 from sharding.stack import layer_weight_shapes, run_layers
@@ -42,6 +42,26 @@ def layer_step(strategy: str, spec: BlockSpec, mesh: Mesh, batch: int, seq_len: 
     fn = jax.jit(jax.grad(loss, argnums=(0, 1)),
                  out_shardings=({k: v.sharding for k, v in weights.items()}, x_sharding))
     return fn.lower(weights, x, tok, tok).compile()
+
+
+def loss_step(strategy: str, spec: BlockSpec, mesh: Mesh, batch: int, seq_len: int, vocab: int, chunk: int,
+              param_dtype=jnp.float32):
+    """The compiled forward+backward of the loss alone (final hidden states and the [D, V] head
+    in the storage layout -> mean token NLL) as `strategy` computes it (not executed)."""
+    strat = get_strategy(strategy)
+    head = jax.ShapeDtypeStruct((spec.d_model, vocab), param_dtype,
+                                sharding=StorageLayout(mesh).sharding(HEAD_AXES, (spec.d_model, vocab)))
+    x = jax.ShapeDtypeStruct((batch, seq_len, spec.d_model), spec.dtype,
+                             sharding=NamedSharding(mesh, strat.boundary_spec(mesh)))
+    tok_sharding = NamedSharding(mesh, strat.token_spec(mesh))
+    targets = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32, sharding=tok_sharding)
+    mask = jax.ShapeDtypeStruct((batch, seq_len), jnp.float32, sharding=tok_sharding)
+
+    def loss(x, head, targets, mask):
+        total, count = strat.loss_sums(x, head, targets, mask, mesh, chunk)
+        return total / count
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, head, targets, mask).compile()
 
 
 def figures(compiled) -> dict:

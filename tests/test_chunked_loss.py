@@ -44,3 +44,23 @@ def test_loss_transient_is_bounded_by_the_chunk_not_the_length():
     short, long = _loss_temp_bytes(2048, vocab, chunk), _loss_temp_bytes(4096, vocab, chunk)
     assert long == short
     assert long / (chunk * vocab * 4) == pytest.approx(LOSS_CHUNK_COPIES, rel=0.05)
+
+
+@pytest.mark.parametrize("shape,vocab,chunk", [((16, 256), 8192, 128), ((8, 256), 16384, 128)])
+def test_loss_memory_model_matches_xla_on_held_out_shapes(shape, vocab, chunk):
+    """The shipped loss multipliers (fitted by benchmarks/loss_fit.py at 2K-4K tokens per row,
+    chunks 256/1,024) price every strategy's loss transient within 5% of XLA's loss program at
+    shapes, vocabularies and chunks the fit did not see."""
+    import dataclasses
+    from costmodel.memory import loss_memory
+    from costmodel.memory_fit import measure_loss_samples
+    from dysejax import load_config
+    from dysejax.model.transformer import block_spec
+    from sharding.mesh import build_mesh
+    from sharding.strategies import STRATEGIES
+    spec = dataclasses.replace(block_spec(load_config("configs/dynamic.yaml", []).model), compute_dtype="float32")
+    samples = measure_loss_samples(list(STRATEGIES), spec, build_mesh({"data": 8}), [shape], [vocab], [chunk])
+    assert {smp.strategy for smp in samples} == set(STRATEGIES)
+    for smp in samples:
+        predicted = loss_memory(smp.shape, smp.strategy, vocab, chunk)
+        assert abs(predicted / smp.bytes - 1) < 0.05, (smp.strategy, predicted, smp.bytes)

@@ -114,7 +114,7 @@ def params_from_hf(tensors, m: ModelConfig) -> dict:
 
 def hf_from_params(params: dict, m: ModelConfig) -> dict:
     """Hugging Face tensors ([out, in] matrices per layer) from dysejax parameters (numpy)."""
-    L, D, H, G, K, F = m.n_layers, m.d_model, m.n_heads, m.n_kv_heads or m.n_heads, m.resolved_head_dim, m.resolved_d_ff
+    L, D, H, G, K = m.n_layers, m.d_model, m.n_heads, m.n_kv_heads or m.n_heads, m.resolved_head_dim
     out = {"model.embed_tokens.weight": params["embed"], "model.norm.weight": params["final_norm"]}
     for i in range(L):
         pre = f"model.layers.{i}."
