@@ -1,34 +1,44 @@
 """Pipeline parallelism: the layer stack split into stages along the mesh's `stage` axis.
 
 Layers go to stages by a partition (layers per stage; uneven allowed: the stacked weights are
-regrouped into [stages, max layers per stage, ...] and padded slots act as the identity). A
+regrouped into [stages, max layers per stage, ...], a stage reading only its own layers). A
 batch is split into m micro-batches (rows j, j+m, ...) that flow from stage to stage with
-`ppermute`, inside one `shard_map` over the whole mesh. The embedding runs before the pipeline
-in the plan's layout; the final norm, the head and the loss run per micro-batch on the last
-stage. All stages run the same program in lockstep ticks (idle slots compute and are masked).
+`ppermute`, inside one `shard_map` that is manual over the `stage` axis only. The embedding
+runs before the pipeline in the plan's layout; the final norm, the head and the loss run per
+micro-batch on the last stage (by the plan's last strategy, `sharding.stack.head_loss`). All
+stages run the same program in lockstep ticks (idle slots compute and are masked).
+
+Inside a stage the layers run exactly as without a pipeline (`sharding.stack.run_layers`):
+each stage runs the slice of the plan's runs that covers its layers (a run crossing a stage
+boundary is cut there), each run under its own remat policy, its strategy splitting the work
+over the other mesh axes with its own `shard_map`s, gathers and rings (those axes are left to
+the strategy and GSPMD, so gradient reductions over them are theirs too). The pipeline knows no
+strategy: its checks are the strategies' own, on a micro-batch.
+
+All stages run one program, so every stage's slice must be the same sequence of (strategy,
+remat) runs (their lengths may differ: each run is as long as its longest slice, and a shorter
+slice's extra slots are the identity, as are those of an uneven partition). A plan cut
+otherwise is refused with a PipelineError: align its runs with the partition (e.g.
+`tp_sp:1,metp:1,tp_sp:1,metp:1` over two stages of two layers). Letting stages run different
+programs by `lax.switch` on the stage index was tried: a branch holding a ring's
+`collective-permute` (e.g. `metp` on one stage, `tp_sp` on the other) aborts XLA:CPU.
 
 Schedules, with p stages (the head and loss are computed on every stage and kept on the last;
 the last stage is the slowest of each tick anyway):
 - `gpipe`: m + p - 1 forward ticks; the backward is autodiff through them (`ppermute`
   transposes to the reverse shift). A stage keeps the residuals of m + p - 1 ticks (with the
-  plan's remat policy applied per layer).
+  plan's remat policies applied per layer).
 - `1f1b`: m + 2p - 2 ticks, each one forward of a newer micro-batch and one backward of an
   older one, in a `custom_vjp` whose forward returns loss and gradients. Each forward stashes
-  its layers' inputs; the backward recomputes one layer at a time from them (as remat `full`,
-  whatever the plan says). Stage s holds 2(p - s) - 1 micro-batches in flight (a buffer of
-  2p - 1 whatever m), against m + p - 1 ticks for `gpipe`, so it needs less memory for m > p.
-  Its losses and gradients equal `gpipe`'s.
-
-Inside a stage the plan's one strategy splits the work over the other mesh axes: `dp` (stage
-weights gathered once per step), `fsdp` (each layer gathered in turn, gradients
-reduce-scattered) or `tp_sp` (Megatron TP + SP over the model axes, batch over the batch axes).
-Other strategies, or a plan mixing strategies or remat policies, raise PipelineError.
+  its stage's input; the backward runs the stage again from it (its layers under the plan's
+  remat policies) and differentiates. Stage s holds 2(p - s) - 1 micro-batches in flight (a
+  buffer of 2p - 1 whatever m), against m + p - 1 ticks for `gpipe`, so it needs less memory
+  for m > p. Its losses and gradients equal `gpipe`'s.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -36,18 +46,14 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 from sharding import layout as L
-from sharding.layout import StorageLayout
-from sharding.mesh import STAGE_AXIS, mesh_roles
-from sharding.ops import blocks
+from sharding.mesh import STAGE_AXIS
 from sharding.ops.blocks import BlockSpec, rms_norm
-from sharding.ops.chunked_loss import chunked_nll_sums
-from sharding.ops.varying import vary, varying_axes
-from sharding.plan import Plan
-from sharding.remat import checkpointed
-from sharding.stack import layer_forward, layer_weight_shapes
-from sharding.strategies.base import axes_entry
+from sharding.ops.ordering import Ordering
+from sharding.plan import Plan, Run, compress
+from sharding.stack import head_loss, run_layers
+from sharding.strategies import StrategyShapeError, get_strategy
+from sharding.strategies.description import LayerShape
 
-STRATEGIES = ("dp", "fsdp", "tp_sp")
 SCHEDULES = ("gpipe", "1f1b")
 
 
@@ -76,6 +82,12 @@ class Pipeline:
         """Batch sizes that are multiples of this split into micro-batches on every stage."""
         return self.microbatches * (n_devices // self.stages)
 
+    def stage_plans(self, plan: Plan) -> tuple[Plan, ...]:
+        """Each stage's slice of the plan's runs (a run crossing a stage boundary is cut there)."""
+        layers = [(r.strategy, r.remat) for r in plan.runs for _ in range(r.n_layers)]
+        starts = np.cumsum((0,) + self.layers_per_stage(plan.n_layers))
+        return tuple(compress(*zip(*layers[a:b])) for a, b in zip(starts[:-1], starts[1:]))
+
     def check(self, plan: Plan, spec: BlockSpec, mesh: Mesh, batch: int, seq_len: int) -> None:
         """Raise PipelineError naming the field and the fix if this pipeline cannot run."""
         if mesh.shape.get(STAGE_AXIS) != self.stages:
@@ -88,96 +100,23 @@ class Pipeline:
         if len(part) != self.stages or sum(part) != plan.n_layers or min(part) < 1:
             raise PipelineError(f"parallel.pipeline.partition {list(part)} must give {self.stages} positive "
                                 f"layer counts summing to model.n_layers ({plan.n_layers})")
-        kinds = {(r.strategy, r.remat) for r in plan.runs}
-        if len(kinds) > 1 or plan.runs[0].strategy not in STRATEGIES:
-            raise PipelineError(f"a pipelined plan runs one strategy ({', '.join(STRATEGIES)}) with one remat "
-                                f"policy in every stage, got plan {plan.id!r}")
-        stage = _StageLayout(plan.runs[0].strategy, mesh)
-        if batch % (self.microbatches * stage.batch_size):
+        kinds = [[(r.strategy, r.remat) for r in sub.runs] for sub in self.stage_plans(plan)]
+        if any(k != kinds[0] for k in kinds):
+            raise PipelineError(f"every pipeline stage must run the same sequence of (strategy, remat) runs, but plan "
+                                f"{plan.id!r} cut by partition {list(part)} gives {kinds}: align the plan's runs "
+                                "with parallel.pipeline.partition")
+        shape = LayerShape.of_mesh(spec, mesh, batch, seq_len)
+        split = math.lcm(*(get_strategy(name).boundary.split(L.BATCH, shape) for name in plan.strategies()))
+        if batch % (self.microbatches * split):
             raise PipelineError(f"parallel.pipeline.microbatches ({self.microbatches}) x the in-stage batch split "
-                                f"({stage.batch_size}) must divide the batch size ({batch}): change "
+                                f"({split}) must divide the batch size ({batch}): change "
                                 "parallel.pipeline.microbatches or data.tokens_per_batch")
-        p = stage.model_size
-        for what, value in (("model.n_heads", spec.n_heads), ("model.n_kv_heads", spec.kv_heads),
-                            ("model.d_ff", spec.d_ff), ("sequence length", seq_len)):
-            if value % p:
-                raise PipelineError(f"pipeline stages running tp_sp need {what} ({value}) divisible by the "
-                                    f"model-parallel size ({p})")
-
-
-class _StageLayout:
-    """How one stage's strategy splits work over the mesh axes other than `stage`."""
-
-    def __init__(self, strategy: str, mesh: Mesh):
-        self.strategy, self.mesh = strategy, mesh
-        batch, model = mesh_roles(mesh)
-        if strategy == "tp_sp":
-            self.batch_axes, self.model_axes = batch, model
-        else:
-            self.batch_axes, self.model_axes = tuple(a for a in mesh.axis_names if a != STAGE_AXIS), ()
-        self.batch_size = math.prod(mesh.shape[a] for a in self.batch_axes)
-        self.model_size = math.prod(mesh.shape[a] for a in self.model_axes)
-
-    def micro_spec(self, seq_split: bool, trailing: int) -> P:
-        """Layout of [m, b, s, ...] micro-batch arrays (the sequence split over the model axes)."""
-        seq = axes_entry(self.model_axes) if seq_split else None
-        return P(None, axes_entry(self.batch_axes), seq, *([None] * trailing))
-
-    def layer_specs(self, spec: BlockSpec) -> dict[str, tuple]:
-        """Per-layer weight PartitionSpec entries inside a stage (without the layers axis)."""
-        if self.strategy == "tp_sp":
-            layout = StorageLayout(self.mesh, self.model_axes, (L.HEADS, L.KV_HEADS, L.MLP))
-        elif self.strategy == "fsdp" and self.batch_axes:
-            layout = StorageLayout(self.mesh, self.batch_axes)
-        else:
-            layout = None
-        out = {}
-        for name, (shape, logical) in layer_weight_shapes(spec).items():
-            parts = tuple(layout.spec(logical, shape)) if layout is not None else ()
-            out[name] = parts + (None,) * (len(shape) - len(parts))
-        return out
-
-
-class _LocalSublayers:
-    """Per-device attention and MLP of one stage (for `layer_forward`, inside the shard_map)."""
-
-    def __init__(self, stage: _StageLayout, layer_specs: dict[str, tuple]):
-        self.stage = stage
-        self.gather = {name: next((i for i, e in enumerate(parts) if e is not None), None)
-                       for name, parts in layer_specs.items()} if stage.strategy == "fsdp" else {}
-
-    def _weights(self, w, names):
-        """A sub-layer's weights, gathered over the stage's batch axes under fsdp."""
-        return {n: self._gathered(w[n], self.gather.get(n)) for n in names}
-
-    def _gathered(self, a, dim):
-        return a if dim is None else jax.lax.all_gather(a, self.stage.batch_axes, axis=dim, tiled=True)
-
-    def _sublayer(self, body, x):
-        axes = self.stage.model_axes
-        if not axes:
-            return body(x)
-        full = jax.lax.all_gather(x, axes, axis=1, tiled=True)
-        return jax.lax.psum_scatter(body(full), axes, scatter_dimension=1, tiled=True)
-
-    def attention(self, w, x, segment_ids, positions, spec, mesh):
-        w = self._weights(w, blocks.ATTENTION_MATRICES)
-        return self._sublayer(lambda h: blocks.attention_block(w, h, segment_ids, positions, spec), x)
-
-    def mlp(self, w, x, spec, mesh):
-        w = self._weights(w, ("w_in", "w_out"))
-        return self._sublayer(lambda h: blocks.mlp_block(w["w_in"], w["w_out"], h, spec), x)
-
-
-def stage_weights(stacked, layers_per_stage):
-    """[n_layers, ...] stacked weights -> [stages, max layers per stage, ...] (padded slots repeat
-    a layer of their stage and are masked out)."""
-    p, most = len(layers_per_stage), max(layers_per_stage)
-    if min(layers_per_stage) == most:
-        return jax.tree.map(lambda w: w.reshape(p, most, *w.shape[1:]), stacked)
-    starts = np.cumsum((0,) + tuple(layers_per_stage))[:-1]
-    index = np.array([[s0 + min(j, n - 1) for j in range(most)] for s0, n in zip(starts, layers_per_stage)])
-    return jax.tree.map(lambda w: w[index], stacked)
+        for name in plan.strategies():
+            try:
+                get_strategy(name).check(spec, mesh, batch // self.microbatches, seq_len)
+            except StrategyShapeError as e:
+                raise PipelineError(f"in a pipeline stage (micro-batches of {batch // self.microbatches} rows): "
+                                    f"{e}") from None
 
 
 def micro_batches(x, m: int):
@@ -185,20 +124,7 @@ def micro_batches(x, m: int):
     return jnp.swapaxes(x.reshape(x.shape[0] // m, m, *x.shape[1:]), 0, 1)
 
 
-# -- varying-ness inside the shard_map -------------------------------------------------------
-
-
-def _missing(x, axes):
-    have = varying_axes(x)
-    return tuple(a for a in axes if a not in have)
-
-
-def _psum(x, axes):
-    return jax.lax.psum(x, axes) if axes else x
-
-
-def _zeros_like(x):
-    return vary(jnp.zeros(x.shape, x.dtype), varying_axes(x))
+# -- inside the stage shard_map ------------------------------------------------------------
 
 
 def _at(xs, i):
@@ -215,121 +141,112 @@ def _shift(x, p: int, step: int):
     return jax.lax.ppermute(x, STAGE_AXIS, perm=pairs)
 
 
-# -- the stage computation -------------------------------------------------------------------
+# -- the stage computation -----------------------------------------------------------------
 
 
-def _layer_fn(sublayers, spec: BlockSpec, remat: str, masked: bool):
-    """One layer slot of a stage: (w_j, j, n_active, x, seg, pos) -> x'; slots at or past
-    `n_active` (padding of an uneven partition) are the identity."""
-    body = checkpointed(partial(layer_forward, sublayers, spec, None, ordered=False), remat)
+class _Stages:
+    """One stage's layers, the same program on every stage: the runs' common (strategy, remat)
+    sequence, each run as wide as its longest stage slice (shorter slices' extra slots are the
+    identity)."""
 
-    def layer(wj, j, n_active, x, segment_ids, positions):
-        y = body(wj, x, segment_ids, positions)
-        return jnp.where(j < n_active, y, x) if masked else y
-    return layer
+    def __init__(self, pipe: Pipeline, plan: Plan, spec: BlockSpec, mesh: Mesh):
+        slices = pipe.stage_plans(plan)
+        widths = [max(sub.runs[r].n_layers for sub in slices) for r in range(len(slices[0].runs))]
+        self.template = Plan(tuple(Run(run.strategy, n, run.remat) for run, n in zip(slices[0].runs, widths)))
+        # each stage's slot -> its layer (padding repeats the run's last one) and whether it is one
+        self.index, self.active, first = [], [], 0
+        for sub in slices:
+            index, active, start = [], [], first
+            for run, width in zip(sub.runs, widths):
+                index += [start + min(j, run.n_layers - 1) for j in range(width)]
+                active += [j < run.n_layers for j in range(width)]
+                start += run.n_layers
+            self.index.append(index)
+            self.active.append(active)
+            first = start
+        self.masked = not all(all(a) for a in self.active)
+        self.spec, self.mesh = spec, mesh
 
+    def weights(self, stacked):
+        """[n_layers, ...] stacked weights -> [stages, slots, ...]."""
+        index = np.array(self.index)
+        return jax.tree.map(lambda w: w[index], stacked)
 
-def _stage_forward(layer, w, n_active, x, segment_ids, positions):
-    """This stage's layers over one micro-batch: (output, the input of every layer)."""
-    def step(x, item):
-        wj, j = item
-        return layer(wj, j, n_active, x, segment_ids, positions), x
-    return jax.lax.scan(step, x, (w, jnp.arange(jax.tree.leaves(w)[0].shape[0])))
-
-
-def _stage_backward(layer, w, n_active, inputs, segment_ids, positions, g):
-    """(weight gradients, input cotangent) of the stage from its output cotangent g, one layer
-    at a time in reverse, each recomputed from its stashed input."""
-    def step(g, item):
-        wj, j, xj = item
-        _, vjp = jax.vjp(lambda wj, xj: layer(wj, j, n_active, xj, segment_ids, positions), wj, xj)
-        g_w, g_x = vjp(g)
-        return g_x, g_w
-    g_x, g_w = jax.lax.scan(step, g, (w, jnp.arange(inputs.shape[0]), inputs), reverse=True)
-    return g_w, g_x
-
-
-def _head_loss(eps, chunk, y, final_norm, head, targets, loss_mask):
-    """(sum of token NLLs, loss tokens) of one micro-batch's final hidden states, `chunk` tokens
-    at a time."""
-    return chunked_nll_sums(rms_norm(y, final_norm, eps), head, targets, loss_mask, chunk)
+    def __call__(self, s, w, x, segment_ids, positions):
+        """Stage s's output for input x, with w the stage's [slots, ...] weights."""
+        active = jnp.asarray(np.array(self.active))[s] if self.masked else None
+        return run_layers(self.template, w, x, segment_ids, positions, self.spec, self.mesh, active=active)
 
 
 class _Schedule:
-    """The per-device pipeline programs of one (pipeline, plan, shape) on a mesh."""
+    """The stage-manual pipeline programs of one (pipeline, plan, shape) on a mesh."""
 
-    def __init__(self, pipe: Pipeline, plan: Plan, spec: BlockSpec, mesh: Mesh, remat: str, loss_chunk: int = 0):
-        self.p, self.m, self.mesh, self.spec = pipe.stages, pipe.microbatches, mesh, spec
+    def __init__(self, pipe: Pipeline, plan: Plan, spec: BlockSpec, mesh: Mesh, loss_chunk: int = 0):
+        self.p, self.m, self.mesh, self.spec, self.plan = pipe.stages, pipe.microbatches, mesh, spec, plan
         self.loss_chunk = loss_chunk
-        self.parts = pipe.layers_per_stage(plan.n_layers)
-        self.axes = tuple(mesh.axis_names)
-        self.stage = _StageLayout(plan.runs[0].strategy, mesh)
-        layer_specs = self.stage.layer_specs(spec)
-        sublayers, masked = _LocalSublayers(self.stage, layer_specs), len(set(self.parts)) > 1
-        self.layer = _layer_fn(sublayers, spec, plan.runs[0].remat or remat, masked)
-        self.bare_layer = _layer_fn(sublayers, spec, "none", masked)  # 1f1b recomputes layers itself
-        self.weight_specs = {n: P(STAGE_AXIS, None, *parts) for n, parts in layer_specs.items()}
-        seq_split = bool(self.stage.model_axes)
-        self.x_spec = self.stage.micro_spec(seq_split, 1)
-        tokens, loss_tokens = self.stage.micro_spec(False, 0), self.stage.micro_spec(seq_split, 0)
-        self.in_specs = (self.weight_specs, P(), P(), self.x_spec, tokens, tokens, loss_tokens, loss_tokens)
+        self.stage = _Stages(pipe, plan, spec, mesh)
+        self.order = Ordering.for_mesh(mesh)  # stage shifts in program order on XLA:CPU
+        self.weight_spec = P(STAGE_AXIS)
+        self.in_specs = (self.weight_spec, P(), P(), P(), P(), P(), P(), P())
 
     def _local(self, w, final_norm, head):
-        """Local stage weights (leading stage dim dropped) and the stage's layer count; params
-        varying over every axis, so each tick's gradients stay partial until one final psum."""
-        s = jax.lax.axis_index(STAGE_AXIS)
-        w = jax.tree.map(lambda a: vary(a[0], self.axes), w)
-        return w, vary(final_norm, self.axes), vary(head, self.axes), s, jnp.asarray(self.parts)[s]
+        """Local stage weights (leading stage dim dropped), final norm, head and the stage index."""
+        return jax.tree.map(lambda a: a[0], w), final_norm, head, jax.lax.axis_index(STAGE_AXIS)
+
+    def _loss(self, y, final_norm, head, targets, loss_mask):
+        """(sum of token NLLs, loss tokens) of one micro-batch's last-layer output."""
+        final_norm, y = self.order.tie(final_norm, y)
+        h = rms_norm(y, final_norm, self.spec.norm_eps)
+        return head_loss(self.plan, h, head, targets, loss_mask, self.mesh, self.loss_chunk)
 
     def gpipe(self, w, final_norm, head, xs, segs, poss, targets, masks):
         """Forward ticks with the loss on the last stage; differentiated by autodiff."""
         p, m = self.p, self.m
-        w, final_norm, head, s, n_active = self._local(w, final_norm, head)
-        loss = jax.checkpoint(partial(_head_loss, self.spec.norm_eps, self.loss_chunk))
+        w, final_norm, head, s = self._local(w, final_norm, head)
+        loss = jax.checkpoint(self._loss)
 
         def tick(carry, t):
             recv, loss_sum, count = carry
             i = jnp.clip(t - s, 0, m - 1)
             take = (s == p - 1) & (t - s >= 0) & (t - s < m)
             x_in = jnp.where(s == 0, _at(xs, i), recv)
-            y, _ = _stage_forward(self.layer, w, n_active, x_in, _at(segs, i), _at(poss, i))
+            y = self.stage(s, w, x_in, _at(segs, i), _at(poss, i))
             ls, cnt = loss(y, final_norm, head, _at(targets, i), _at(masks, i))
             return (_shift(y, p, 1), loss_sum + jnp.where(take, ls, 0.0), count + jnp.where(take, cnt, 0.0)), None
 
-        zero = vary(jnp.zeros((), jnp.float32), self.axes)
-        init = (vary(jnp.zeros(xs.shape[1:], xs.dtype), self.axes), zero, zero)
+        zero = jnp.zeros((), jnp.float32)
+        init = (jnp.zeros(xs.shape[1:], xs.dtype), zero, zero)
         (_, loss_sum, count), _ = jax.lax.scan(tick, init, jnp.arange(m + p - 1))
-        return jax.lax.psum(loss_sum, self.axes), jax.lax.psum(count, self.axes)
+        return jax.lax.psum(loss_sum, STAGE_AXIS), jax.lax.psum(count, STAGE_AXIS)
 
     def one_f_one_b(self, w, final_norm, head, xs, segs, poss, targets, masks):
         """Loss, count and the gradients of (w, final_norm, head, xs) by the 1F1B schedule."""
         p, m, k = self.p, self.m, 2 * self.p - 1
-        params = (w, final_norm, head)
-        w, final_norm, head, s, n_active = self._local(w, final_norm, head)
+        w, final_norm, head, s = self._local(w, final_norm, head)
         last = s == p - 1
-        n_slots = jax.tree.leaves(w)[0].shape[0]
 
         def tick(carry, t):
             recv_f, recv_b, stash, grads, dxs, loss_sum, count = carry
-            # forward slot: micro-batch t - s; every layer's input is stashed for its backward
+            # forward slot: micro-batch t - s; its stage input is stashed for its backward
             i_f = jnp.clip(t - s, 0, m - 1)
             ok_f = (t - s >= 0) & (t - s < m)
             x_in = jnp.where(s == 0, _at(xs, i_f), recv_f)
-            y, inputs = _stage_forward(self.bare_layer, w, n_active, x_in, _at(segs, i_f), _at(poss, i_f))
+            y = self.stage(s, w, x_in, _at(segs, i_f), _at(poss, i_f))
             slot = i_f % k
-            stash = _put(stash, jnp.where(ok_f, inputs, _at(stash, slot)), slot)
+            stash = _put(stash, jnp.where(ok_f, x_in, _at(stash, slot)), slot)
             # backward slot: micro-batch t - 2(p - 1) + s. On the last stage it is the one just
             # forwarded, and the loss's cotangent starts it; elsewhere the next stage's does.
             j = t - 2 * (p - 1) + s
             i_b, ok_b = jnp.clip(j, 0, m - 1), (j >= 0) & (j < m)
             (ls, cnt), head_vjp = jax.vjp(
-                lambda y, final_norm, head: _head_loss(self.spec.norm_eps, self.loss_chunk, y, final_norm, head,
-                                                       _at(targets, i_b), _at(masks, i_b)), y, final_norm, head)
-            g_ls = jnp.where(ok_b & last, 1.0, 0.0) + _zeros_like(ls)
-            g_head_y, g_norm, g_head = head_vjp((g_ls, _zeros_like(cnt)))
+                lambda y, final_norm, head: self._loss(y, final_norm, head, _at(targets, i_b), _at(masks, i_b)),
+                y, final_norm, head)
+            g_ls = jnp.where(ok_b & last, 1.0, 0.0).astype(ls.dtype)
+            g_head_y, g_norm, g_head = head_vjp((g_ls, jnp.zeros_like(cnt)))
             g_y = jnp.where(ok_b, jnp.where(last, g_head_y, recv_b), jnp.zeros_like(recv_b))
-            g_w, g_x = _stage_backward(self.bare_layer, w, n_active, _at(stash, i_b % k), _at(segs, i_b),
-                                       _at(poss, i_b), g_y)
+            seg_b, pos_b = _at(segs, i_b), _at(poss, i_b)
+            _, stage_vjp = jax.vjp(lambda w, x: self.stage(s, w, x, seg_b, pos_b), w, _at(stash, i_b % k))
+            g_w, g_x = stage_vjp(g_y)
             grads = jax.tree.map(jnp.add, grads, (g_w, g_norm, g_head))
             dxs = _put(dxs, jnp.where(ok_b & (s == 0), g_x, _at(dxs, i_b)), i_b)
             take = ok_b & last
@@ -337,33 +254,40 @@ class _Schedule:
                      loss_sum + jnp.where(take, ls, 0.0), count + jnp.where(take, cnt, 0.0))
             return carry, None
 
-        x0 = vary(jnp.zeros(xs.shape[1:], xs.dtype), self.axes)
-        zero = vary(jnp.zeros((), jnp.float32), self.axes)
-        init = (x0, x0, vary(jnp.zeros((k, n_slots, *xs.shape[1:]), xs.dtype), self.axes),
-                jax.tree.map(_zeros_like, (w, final_norm, head)),
-                vary(jnp.zeros(xs.shape, xs.dtype), self.axes), zero, zero)
+        x0, zero = jnp.zeros(xs.shape[1:], xs.dtype), jnp.zeros((), jnp.float32)
+        init = (x0, x0, jnp.zeros((k, *xs.shape[1:]), xs.dtype), jax.tree.map(jnp.zeros_like, (w, final_norm, head)),
+                jnp.zeros(xs.shape, xs.dtype), zero, zero)
         (_, _, _, grads, dxs, loss_sum, count), _ = jax.lax.scan(tick, init, jnp.arange(m + 2 * p - 2))
-        # one reduction per gradient, over the axes its parameter is shared on
-        shared = (jax.tree.map(lambda a: a[0], params[0]), params[1], params[2])
-        g_w, g_norm, g_head = jax.tree.map(lambda g, a: _psum(g, _missing(a, self.axes)), grads, shared)
+        # each stage holds its own layers' gradients; those of what every stage shares are summed
+        g_w, g_norm, g_head = grads
         g_w = jax.tree.map(lambda g: g[None], g_w)
-        g_x = _psum(dxs, _missing(xs, self.axes))
-        return jax.lax.psum(loss_sum, self.axes), jax.lax.psum(count, self.axes), g_w, g_norm, g_head, g_x
+        shared = jax.lax.psum((loss_sum, count, g_norm, g_head, dxs), STAGE_AXIS)
+        return (*shared[:2], g_w, *shared[2:])
+
+    def shard_map(self, f, out_specs):
+        """`f` in a shard_map manual over the stage axis only (the strategies own the others).
+
+        Unchecked (check_vma=False): under autodiff, JAX 0.10 gives a nested shard_map's
+        residuals the outer manual axes its values vary over (`nospec`), which Shardy refuses
+        ('operates on axis "stage" which is already bound'). The strategies' own shard_maps
+        stay checked; the reductions over stages here are explicit, and the transpose sums
+        the cotangents of inputs shared by all stages."""
+        return jax.shard_map(f, mesh=self.mesh, in_specs=self.in_specs, out_specs=out_specs,
+                             axis_names=frozenset({STAGE_AXIS}), check_vma=False)
 
 
 def pipeline_loss(pipe: Pipeline, plan: Plan, spec: BlockSpec, mesh: Mesh, layers, final_norm, head, x,
                   segment_ids, positions, targets, loss_mask, default_remat: str = "none", loss_chunk: int = 0):
     """(sum of token NLLs, loss tokens) of the layer stack as a pipeline, from embeddings x [B, S, D]."""
     pipe.check(plan, spec, mesh, x.shape[0], x.shape[1])
-    sched = _Schedule(pipe, plan, spec, mesh, default_remat, loss_chunk)
+    sched = _Schedule(pipe, plan.with_default_remat(default_remat), spec, mesh, loss_chunk)
     m = pipe.microbatches
-    args = (stage_weights(dict(layers), sched.parts), final_norm, head,
+    args = (sched.stage.weights(dict(layers)), final_norm, head,
             *(micro_batches(a, m) for a in (x, segment_ids, positions, targets, loss_mask)))
-    gpipe = jax.shard_map(sched.gpipe, mesh=mesh, in_specs=sched.in_specs, out_specs=(P(), P()))
+    gpipe = sched.shard_map(sched.gpipe, (P(), P()))
     if pipe.schedule == "gpipe":
         return gpipe(*args)
-    one_f_one_b = jax.shard_map(sched.one_f_one_b, mesh=mesh, in_specs=sched.in_specs,
-                                out_specs=(P(), P(), sched.weight_specs, P(), P(), sched.x_spec))
+    one_f_one_b = sched.shard_map(sched.one_f_one_b, (P(), P(), sched.weight_spec, P(), P(), P()))
 
     @jax.custom_vjp
     def run(w, final_norm, head, xs, *tokens):

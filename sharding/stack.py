@@ -14,6 +14,7 @@ from __future__ import annotations
 from functools import partial
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from sharding import layout as L
@@ -52,8 +53,11 @@ def layer_forward(strategy, spec: BlockSpec, mesh: Mesh, w, x, segment_ids, posi
 
 
 def run_layers(plan: Plan, stacked, x, segment_ids, positions, spec: BlockSpec, mesh: Mesh,
-               default_remat: str = "none", scan: bool = True):
-    """Apply the plan's runs to the stacked layer weights in order."""
+               default_remat: str = "none", scan: bool = True, active=None):
+    """Apply the plan's runs to the stacked layer weights in order.
+
+    active: optional [n_layers] booleans; a layer whose flag is False is the identity (the
+    padding slots of a pipeline stage with fewer layers than the others)."""
     order, start = Ordering.for_mesh(mesh), 0
     for run in plan.runs:
         strategy = get_strategy(run.strategy)
@@ -61,14 +65,21 @@ def run_layers(plan: Plan, stacked, x, segment_ids, positions, spec: BlockSpec, 
         weights, x = order.tie(weights, x)  # this run's weight collectives after the previous run's
         weights = strategy.run_weights(weights, mesh)
         x, seg, pos = strategy.enter(x, segment_ids, positions, mesh)
-        body = checkpointed(partial(layer_forward, strategy, spec, mesh), run.remat or default_remat)
+        layer = checkpointed(partial(layer_forward, strategy, spec, mesh), run.remat or default_remat)
+        body = _masked(layer) if active is not None else (lambda w, on, x, *tokens: layer(w, x, *tokens))
+        flags = jnp.ones(run.n_layers, bool) if active is None else active[start:start + run.n_layers]
         if scan:
-            x, _ = jax.lax.scan(lambda carry, w: (body(w, carry, seg, pos), None), x, weights)
+            x, _ = jax.lax.scan(lambda carry, item: (body(*item, carry, seg, pos), None), x, (weights, flags))
         else:
             for i in range(run.n_layers):
-                x = body(jax.tree.map(lambda p: p[i], weights), x, seg, pos)
+                x = body(jax.tree.map(lambda p: p[i], weights), flags[i], x, seg, pos)
         start += run.n_layers
     return x
+
+
+def _masked(body):
+    """`body(w, x, ...)` as `f(w, on, x, ...)`: x itself where `on` is False."""
+    return lambda w, on, x, *tokens: jnp.where(on, body(w, x, *tokens), x)
 
 
 def final_hidden(plan: Plan, stacked, final_norm, x, segment_ids, positions, spec: BlockSpec, mesh: Mesh,

@@ -79,6 +79,49 @@ def test_selective_remat_inside_stages():
     check_pipeline(Pipeline(2, 2, "1f1b"), {"stage": 2, "data": 2, "model": 2}, [["tp_sp", LAYERS, "selective"]])
 
 
+# Each strategy's own code inside the stages (its shard_maps nested in the stage's), on a mesh
+# where its check passes: one case per strategy not tested above, alternating meshes and schedules.
+_STRATEGY_CASES = [
+    ("tp", {"stage": 2, "model": 4}, "1f1b"),
+    ("ring", {"stage": 2, "data": 2, "model": 2}, "gpipe"),
+    ("ulysses", {"stage": 2, "model": 4}, "1f1b"),
+    ("metp", {"stage": 2, "data": 2, "model": 2}, "1f1b"),
+]
+
+
+@pytest.mark.parametrize("strategy, mesh_axes, schedule", _STRATEGY_CASES)
+def test_strategy_inside_stages(strategy, mesh_axes, schedule):
+    check_pipeline(Pipeline(2, 2, schedule), mesh_axes, strategy)
+
+
+def test_every_strategy_is_tested_inside_stages():
+    tested = {"dp", "fsdp", "tp_sp"} | {case[0] for case in _STRATEGY_CASES}
+    assert tested == set(STRATEGIES), set(STRATEGIES) - tested
+
+
+# Mixed plans: each stage runs the same sequence of strategies (tp_sp then metp).
+_MIXED = [["tp_sp", 1], ["metp", 1], ["tp_sp", 1], ["metp", 1]]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_mixed_plan_inside_stages(schedule):
+    check_pipeline(Pipeline(2, 2, schedule), {"stage": 2, "data": 2, "model": 2}, _MIXED)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_mixed_strategies_and_remat_inside_stages(schedule):
+    check_pipeline(Pipeline(2, 2, schedule), {"stage": 2, "model": 4},
+                   [["ring", 1], ["ulysses", 1, "selective"]] * 2)
+
+
+def test_stages_must_run_the_same_sequence_of_runs():
+    plan = parse_plan([["tp_sp", 2], ["metp", 2]], LAYERS, list(STRATEGIES))
+    with pytest.raises(PipelineError, match=r"every pipeline stage must run the same sequence of \(strategy, remat\) "
+                                            r"runs, but plan 'tp_sp:2,metp:2' cut by partition \[2, 2\]"):
+        Pipeline(2, 2).check(plan, block_spec(model_config()), build_mesh({"stage": 2, "data": 2, "model": 2}), 16, 96)
+
+
 def test_trainer_pipeline_trains_and_resumes_like_dp(tiny_config, tmp_path):
     # Same batches as dp (micro-batches x in-stage devices = 8 = the batch multiple of dp).
     common = ["model.n_layers=3", "data.buckets=[64]", "train.eval_every=2", "train.checkpoint_every=2"]
@@ -127,7 +170,6 @@ def test_microbatches_need_a_pipeline():
 @pytest.mark.parametrize("overrides, message", [
     (["model.n_layers=3", "parallel.pipeline.stages=3"], r"pipeline\.stages \(3\) does not divide the 8 devices"),
     (["parallel.pipeline.stages=2", "parallel.mesh={data: 8}"], r"mesh \{'data': 8\} must cover the 4 devices of one"),
-    (["parallel.pipeline.stages=2", "parallel.plan=ring"], r"a pipelined plan runs one strategy \(dp, fsdp, tp_sp\)"),
 ])
 def test_trainer_config_errors(tiny_config, tmp_path, overrides, message):
     with pytest.raises(dysejax.ConfigError, match=message):
@@ -138,3 +180,10 @@ def test_microbatches_must_divide_the_batch():
     plan = parse_plan("dp", LAYERS, list(STRATEGIES))
     with pytest.raises(PipelineError, match=r"microbatches \(4\) x the in-stage batch split \(4\) must divide"):
         Pipeline(2, 4).check(plan, block_spec(model_config()), build_mesh({"stage": 2, "data": 4}), 8, 64)
+
+
+def test_strategy_checks_apply_inside_stages():
+    plan = parse_plan("ring", LAYERS, list(STRATEGIES))
+    with pytest.raises(PipelineError, match=r"in a pipeline stage \(micro-batches of 8 rows\): strategy 'ring' needs "
+                                            r"sequence length \(90\) divisible by the model-parallel size \(4\)"):
+        Pipeline(2, 2).check(plan, block_spec(model_config()), build_mesh({"stage": 2, "model": 4}), 16, 90)

@@ -42,15 +42,23 @@ class StrategyShapeError(ValueError):
     """A strategy cannot serve this shape on this mesh (raised before compiling)."""
 
 
+def traced_mesh(mesh: Mesh):
+    """`mesh` as the code being traced sees it: inside a shard_map manual over some of its axes
+    (a pipeline stage), the context's abstract mesh, where those axes are Manual (JAX requires
+    it of nested shard_maps and sharding constraints); otherwise `mesh` itself."""
+    ctx = jax.sharding.get_abstract_mesh()
+    return ctx if not ctx.empty and ctx.manual_axes and ctx.axis_names == mesh.axis_names else mesh
+
+
 def constrain(x, mesh: Mesh, spec: P):
     """Sharding constraint with an explicit mesh (no ambient mesh context needed)."""
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(traced_mesh(mesh), spec))
 
 
 def shard_map(f, mesh: Mesh, in_specs, out_specs):
     """`jax.shard_map` manual over the strategy's axes (every axis but a pipeline's `stage`,
     which is manual already when a stage runs the strategy)."""
-    return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=True,
+    return jax.shard_map(f, mesh=traced_mesh(mesh), in_specs=in_specs, out_specs=out_specs, check_vma=True,
                          axis_names=frozenset(role_axes(mesh, DEVICES_ROLE)))
 
 
