@@ -67,12 +67,12 @@ def run_layers(plan: Plan, stacked, x, segment_ids, positions, spec: BlockSpec, 
         x, seg, pos = strategy.enter(x, segment_ids, positions, mesh)
         layer = checkpointed(partial(layer_forward, strategy, spec, mesh), run.remat or default_remat)
         body = _masked(layer) if active is not None else (lambda w, on, x, *tokens: layer(w, x, *tokens))
-        flags = jnp.ones(run.n_layers, bool) if active is None else active[start:start + run.n_layers]
+        flags = None if active is None else active[start:start + run.n_layers]  # None: no masking traced
         if scan:
             x, _ = jax.lax.scan(lambda carry, item: (body(*item, carry, seg, pos), None), x, (weights, flags))
         else:
             for i in range(run.n_layers):
-                x = body(jax.tree.map(lambda p: p[i], weights), flags[i], x, seg, pos)
+                x = body(jax.tree.map(lambda p: p[i], weights), None if flags is None else flags[i], x, seg, pos)
         start += run.n_layers
     return x
 
