@@ -84,14 +84,14 @@ def main(argv=None) -> None:
     if args.write:
         shipped = M.default_coefficients()
         path = M.write_default_coefficients(M.MemoryCoefficients(shipped.stored, shipped.peak, loss),
-                                            meta=_meta(shipped_meta(M.DEFAULT_COEFFICIENTS_PATH), FIT))
+                                            meta=_meta(_shipped_meta(M.DEFAULT_COEFFICIENTS_PATH), FIT))
         print(f"wrote the loss multipliers to {os.path.relpath(path)}")
     if args.json:
         write_json(args.json, {"config": os.path.relpath(args.config), "fit": FIT, "coefficients": loss,
                                "rows": rows, "summary": summary, "wall_s": time.time() - t0})
 
 
-def shipped_meta(path: str) -> dict:
+def _shipped_meta(path: str) -> dict:
     import json
     with open(path) as fh:
         return json.load(fh).get("meta", {})

@@ -185,7 +185,7 @@ class _Schedule:
         self.p, self.m, self.mesh, self.spec, self.plan = pipe.stages, pipe.microbatches, mesh, spec, plan
         self.loss_chunk = loss_chunk
         self.stage = _Stages(pipe, plan, spec, mesh)
-        self.order = Ordering.for_mesh(mesh)  # stage shifts in program order on XLA:CPU
+        self.order = Ordering.for_mesh(mesh)  # the final norm's collectives after the stage's (XLA:CPU)
         self.weight_spec = P(STAGE_AXIS)
         self.in_specs = (self.weight_spec, P(), P(), P(), P(), P(), P(), P())
 
