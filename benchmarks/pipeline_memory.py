@@ -36,10 +36,10 @@ def step_figures(config: str, overrides: list[str], workdir: str) -> dict:
     import dysejax
     cfg = dysejax.load_config(config, COMMON + overrides)
     trainer = dysejax.Trainer(cfg, workdir=workdir, verbose=False)
-    mem = trainer.compile(SEQ_LEN).memory_analysis()
-    total = (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
-             - mem.alias_size_in_bytes)
-    return {"temp": int(mem.temp_size_in_bytes), "total": int(total)}
+    plan, batch = trainer.planner.candidates(SEQ_LEN)[0], trainer.data.batch_size(SEQ_LEN)
+    trainer.planner.check(plan, SEQ_LEN, batch)
+    program = trainer.programs.get("train", SEQ_LEN, batch, plan)
+    return {"temp": program.memory["temp"], "total": program.bytes_per_device}
 
 
 def main(argv=None) -> None:
@@ -54,7 +54,8 @@ def main(argv=None) -> None:
     work = tempfile.mkdtemp(prefix="pipeline_memory_")
     t0 = time.time()
     mib = 2 ** 20
-    dp = step_figures(args.config, ["parallel.pipeline.stages=1", "parallel.pipeline.microbatches=1", "parallel.plan=dp"], os.path.join(work, "dp"))
+    no_pipeline = ["parallel.pipeline.stages=1", "parallel.pipeline.microbatches=1", "parallel.plan=dp"]
+    dp = step_figures(args.config, no_pipeline, os.path.join(work, "dp"))
     rows = []
     print(f"{'m':>3} | {'gpipe':>9} | {'1f1b':>9} | {'gpipe+full':>10} | {'1f1b+full':>9} | "
           f"1f1b vs gpipe, both without / with remat full  (temp MiB)")

@@ -55,14 +55,14 @@ def test_fitting_plans_compile_within_budget_and_match_prediction(capsys, tmp_pa
         program = trainer.programs.get("train", s, b["batch_size"], trainer.planner.parse(b["plan"]))
         xla = program.bytes_per_device
         assert xla <= rep["memory_budget_bytes"], (s, b["plan"], xla)
-        # A uniform plan's layers were calibrated at these very shapes: within 10%. A mixed plan
-        # is priced by the backward-order bound (costmodel/table.py) from layers measured in
-        # uniform stacks; on this 2-layer model (its mixed plans are runs of one layer, which XLA
-        # inlines) the bound is −12% to +103% of XLA's figure (benchmarks/mixed_plan_memory.py),
-        # so a mixed pick is held to the budget by XLA's figure (asserted above), not by the
-        # prediction.
-        if len(b["plan"]) == 1:
-            assert -0.10 < (b["predicted_bytes"] - xla) / xla < 0.10, (s, b["plan"], b["predicted_bytes"], xla)
+        # uniform plans within 10% (their layers were calibrated at these very shapes). A mixed
+        # plan is priced by the backward-order bound (costmodel/table.py) from layers measured in
+        # uniform stacks; the search here picks uniform plans, and a mixed pick is held to -10% /
+        # +55%. That bound is not general on this 2-layer model (runs of one layer, which XLA
+        # inlines): benchmarks/mixed_plan_memory.py measures -12% to +103% over 48 hand-made
+        # mixed plans, so auto lets XLA's figure decide (asserted against the budget above).
+        over = 0.10 if len(b["plan"]) == 1 else 0.55
+        assert -0.10 < (b["predicted_bytes"] - xla) / xla < over, (s, b["plan"], b["predicted_bytes"], xla)
     # under the tight budget the short bucket keeps a faster plan than the long one needs
     short, long_ = plans[64], plans[256]
     assert short["plan"] != long_["plan"]
