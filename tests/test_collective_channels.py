@@ -11,6 +11,7 @@ import pytest
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from costmodel.hlo import shared_channel_collectives, unordered_collectives
 from sharding.ops.ordering import unique_collective_channels
 
 COLLECTIVE = re.compile(r"\s(all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all)(-start)?\(.*"
@@ -20,6 +21,23 @@ COLLECTIVE = re.compile(r"\s(all-reduce|all-gather|reduce-scatter|collective-per
 def channel_ids(hlo_text: str) -> Counter:
     """(kind, channel id) -> how many collectives of the compiled HLO carry it."""
     return Counter((m.group(1), m.group(3)) for m in map(COLLECTIVE.search, hlo_text.splitlines()) if m)
+
+
+HLO = """ENTRY %main (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  %a = f32[8]{0} collective-permute(%p), channel_id={A}, source_target_pairs={{0,1},{1,0}}
+  %b = f32[8]{0} collective-permute(%p), channel_id={B}, source_target_pairs={{0,1},{1,0}}
+  ROOT %c = f32[8]{0} add(%a, %b)
+}
+"""
+
+
+def test_collectives_sharing_a_rendezvous_key_are_found():
+    """Two permutes no data orders: on one channel they share XLA:CPU's rendezvous key."""
+    same = HLO.replace("{A}", "1").replace("{B}", "1")
+    assert shared_channel_collectives(same) == [("main", "a", "b", (("collective-permute", "1"),))]
+    assert shared_channel_collectives(HLO.replace("{A}", "1").replace("{B}", "2")) == []
+    assert len(unordered_collectives(same)) == 1
 
 
 def test_installed():
@@ -68,3 +86,6 @@ def test_train_step_collectives_have_distinct_channels(tiny_config, plan):
     assert sum(ids.values()) > 10 and ("collective-permute" in {kind for kind, _ in ids}), ids
     shared = {key: n for key, n in ids.items() if n > 1}
     assert not shared, f"collectives sharing a channel id in the {plan} step: {shared}"
+    text = program.compiled.as_text()
+    assert unordered_collectives(text), "expected collectives that may overlap (K and V of a ring step)"
+    assert shared_channel_collectives(text) == []
