@@ -31,6 +31,7 @@ from typing import Mapping, Optional
 from costmodel.hardware import DeviceProfile
 from costmodel.memory import (Shape, analytical_features, boundary_bytes, describe, embedding_elems,
                               layer_param_elems, same_boundary)
+from sharding.ops.flash import tile_sizes
 from sharding.strategies import get_strategy
 from sharding.strategies.description import recomputes, recomputes_attention
 
@@ -137,12 +138,14 @@ class LayerTime:
         return self.total - self.attention
 
 
-def _causal_fraction(spec, s_q: int, s_kv: int, tiled: bool) -> float:
-    """Share of a causal diagonal block's score tiles that are computed (tiles above the diagonal
-    skipped when tiled; a dense kernel computes the whole square)."""
+def _causal_fraction(spec, s_q: int, s_kv: int, tiled: bool, batch_heads: float = 1) -> float:
+    """Share of a causal diagonal block's score tiles that are computed (the flash kernel visits
+    the lower triangle of its cache-sized tiles, `sharding.ops.flash.tile_sizes`; a dense kernel
+    computes the whole square)."""
     if not tiled:
         return 1.0
-    nt = max(1, math.ceil(s_q / min(spec.attention_block, s_q)))
+    bq, _ = tile_sizes(spec.attention_block, spec.attention_block, s_q, s_kv, max(1, int(batch_heads)))
+    nt = max(1, math.ceil(s_q / bq))
     return (nt + 1) / (2 * nt)
 
 
@@ -188,7 +191,8 @@ def layer_work(shape: Shape, strategy: str, remat: str = "none", skip_masked: bo
     # attention: score + PV matmuls, forward 2, backward 5 (flash) or 4 (dense); on a causal ring
     # the slowest device computes blocks - 1 full blocks + the diagonal, the mean one half of them
     att = desc.attention
-    diag = _causal_fraction(spec, int(att.s_q), int(att.s_kv), att.tiled and (skip_masked or att.blocks > 1))
+    diag = _causal_fraction(spec, int(att.s_q), int(att.s_kv), att.tiled and (skip_masked or att.blocks > 1),
+                            att.rows * att.heads)
     crit, mean = ((att.blocks - 1) + diag, (att.blocks - 1) / 2 + diag) if skip_masked else (att.blocks, att.blocks)
     base = 4 * att.rows * att.heads * spec.head_dim * att.s_q * att.s_kv
     n_mm = (2 + (5 if att.flash else 4)) / 2 + rec_attn

@@ -82,12 +82,12 @@ def relative_error(a, b) -> float:
 
 def check_against_reference(plan_value, mesh_axes: Optional[dict] = None, *, batch: int = 2, seq: int = 200,
                             extra: Sequence[str] = (), rtol: float = 1e-5, seed: int = 0,
-                            ref_extra: Sequence[str] = ()):
+                            ref_extra: Sequence[str] = (), data: Optional[dict] = None):
     """Assert a plan's loss and gradients equal the single-device `dp` reference (whose config
-    adds `ref_extra`)."""
+    adds `ref_extra`) on `data` (default: `packed_batch(batch, seq, seed)`)."""
     cfg = model_config(*extra)
     params = jax.tree.map(np.asarray, nn.unbox(init_params(cfg, jax.random.key(seed))))
-    data = packed_batch(batch, seq, seed)
+    data = packed_batch(batch, seq, seed) if data is None else data
     mesh = build_mesh(mesh_axes or {"data": 8})
     plan = parse_plan(plan_value, cfg.n_layers, list(STRATEGIES))
     ref_plan = parse_plan("dp", cfg.n_layers, list(STRATEGIES))

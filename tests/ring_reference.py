@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 
 from sharding.ops.metp import attention_forward, broadcast, mlp_ring_forward
-from sharding.ops.online_softmax import materialize_ids
+from sharding.ops.flash import materialize_ids
+from sharding.ops.kernels import Kernel
 from sharding.ops.ring import Ring, shift
 from sharding.ops.ring_attention import axes_tuple, ring_attention_forward
 
@@ -21,7 +22,7 @@ def ring_attention_autodiff(q, k, v, *, axis_name, axis_size: int, q_segment_ids
     B, Sq, Skv = q.shape[0], q.shape[1], k.shape[1]
     ids = materialize_ids(B, Sq, Skv, q_segment_ids, kv_segment_ids, q_index, kv_index)
     return ring_attention_forward(q, k, v, ids, Ring(axes_tuple(axis_name), axis_size),
-                                  bq=q_block_size, bk=kv_block_size)[0]
+                                  Kernel("xla", q_block_size, kv_block_size))[0]
 
 
 def metp_attention_autodiff(x, seg, pos, w, spec, ring: Ring, fetch_group=broadcast):

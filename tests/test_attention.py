@@ -460,3 +460,48 @@ def test_blockwise_inside_layer_scan_matches_dense():
     (_, y_ref), g_ref = stack(dense_attention)(q)
     assert rel_err(y, y_ref) < F32_TOL
     assert rel_err(g, g_ref) < F32_TOL
+
+
+# -- the flash kernel's schedule and tiles ---------------------------------------------------------
+def _visited(seg, idx, b, causal=True, kv_seg=None, kv_idx=None, unmasked=False):
+    """Sorted (query tile, key tile) pairs the kernel visits (only those it computes unmasked)."""
+    from sharding.ops.flash import Ids, schedule
+    ids = Ids.of((seg, seg if kv_seg is None else kv_seg, idx, idx if kv_idx is None else kv_idx), b, b)
+    qi, kj, full, count = jax.jit(lambda: schedule(ids, causal))()
+    n = int(count)
+    pairs = zip(np.asarray(qi)[:n].tolist(), np.asarray(kj)[:n].tolist(), np.asarray(full)[:n].tolist())
+    return sorted((i, j) for i, j, f in pairs if f or not unmasked)
+
+
+def test_schedule_visits_the_causal_triangle_and_each_documents_own_tiles():
+    S, b = 256, 32  # 8 x 8 tiles
+    one_doc, idx = packed_ids([[S]], S)
+    assert _visited(one_doc, idx, b) == [(i, j) for i in range(8) for j in range(i + 1)]  # 36 of 64
+    assert _visited(one_doc, idx, b, unmasked=True) == [(i, j) for i in range(8) for j in range(i)]  # below the diagonal
+    assert len(_visited(one_doc, idx, b, causal=False)) == 64
+    # documents on tile edges [0, 64), [64, 192), [192, 256): each sees only its own tiles
+    docs, _ = packed_ids([[64, 128, 64]], S)
+    want = [(i, j) for i in range(8) for j in range(i + 1) if (i < 2) == (j < 2) and (i >= 6) == (j >= 6)]
+    assert _visited(docs, idx, b) == want
+    assert _visited(docs, idx, b, unmasked=True) == [(1, 0), (3, 2), (4, 2), (4, 3), (5, 2), (5, 3), (5, 4), (7, 6)]
+    # padding from token 200 on: its query tiles visit nothing, no tile visits its keys
+    padded, _ = packed_ids([[200]], S)
+    assert _visited(padded, idx, b) == [(i, j) for i in range(7) for j in range(i + 1)]
+
+
+def test_schedule_of_a_block_in_the_future_or_of_another_document_is_empty():
+    seg, idx = packed_ids([[64]], 64)
+    assert _visited(seg, idx, 16, kv_idx=idx + 64) == []  # a ring's block after q: no tile at all
+    assert len(_visited(seg, idx, 16, kv_idx=idx - 64)) == 16  # a block before q: all of it
+    assert _visited(seg, idx, 16, kv_seg=seg + 1, kv_idx=idx - 64) == []
+
+
+def test_tiles_are_halved_to_a_cache_sized_tile():
+    from sharding.ops.flash import MIN_TILE, TILE_ELEMENTS, tile_sizes
+    assert tile_sizes(512, 512, 4096, 4096, batch_heads=8) == (128, 128)  # 8 x 128 x 128 = 2^17
+    assert tile_sizes(512, 512, 512, 512, batch_heads=64) == (64, 64)
+    assert tile_sizes(48, 48, 200, 200, batch_heads=16) == (48, 48)  # small tiles stay
+    assert tile_sizes(512, 512, 100, 300, batch_heads=1) == (100, 300)  # at most the lengths
+    assert tile_sizes(512, 512, 512, 512, batch_heads=4096) == (MIN_TILE, MIN_TILE)
+    bq, bk = tile_sizes(512, 256, 4096, 4096, batch_heads=16)
+    assert 16 * bq * bk <= TILE_ELEMENTS and (bq, bk) == (128, 128)

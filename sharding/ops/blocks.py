@@ -11,8 +11,10 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from sharding.ops.attention import blockwise_attention, dense_attention
-from sharding.ops.fused_attention import KERNELS, fused_attention
+from sharding.ops.attention import dense_attention
+from sharding.ops.flash import materialize_ids
+from sharding.ops.fused_attention import KERNELS, cudnn_attention, cudnn_unserved, pallas_unserved
+from sharding.ops.kernels import Kernel, flash_attention
 from sharding.ops.rope import RopeScaling, apply_rope
 from sharding.remat import keep
 
@@ -109,21 +111,33 @@ def kv_split_error(spec: BlockSpec, p: int) -> Optional[str]:
     return f"n_kv_heads ({g}) to divide or be divisible by the model-parallel size ({p})"
 
 
+def attention_kernel(spec: BlockSpec, seq_len: Optional[int] = None, platform: Optional[str] = None) -> Kernel:
+    """The local kernel of `spec` (`sharding.ops.kernels`): Pallas's where `spec.attention` is
+    "pallas" and it serves on this platform (interpreted on CPU), else the XLA flash kernel; tiles
+    of at most `attention_block`, or whole lengths where `spec` keeps attention dense at this
+    sequence length (`use_blockwise`; None: tiled)."""
+    platform = platform or jax.default_backend()
+    block = spec.attention_block if seq_len is None or spec.use_blockwise(seq_len) else None
+    if spec.attention == "pallas" and pallas_unserved(spec.head_dim, platform) is None:
+        return Kernel("pallas", block, block, interpret=platform == "cpu")
+    return Kernel("xla", block, block)
+
+
 def local_attention(q, k, v, spec: BlockSpec, *, q_segment_ids=None, kv_segment_ids=None,
                     q_index=None, kv_index=None):
-    """Causal, segment-masked attention over the keys this device holds: a fused kernel where
-    `spec.attention` names one and it serves the case (self-attention over whole rows), else
-    dense or blockwise."""
+    """Causal, segment-masked attention over the keys this device holds: cuDNN's fused kernel
+    where `spec.attention` is "cudnn" and it serves (rows of one document, whole), else the
+    dense reference at lengths where `spec` keeps attention dense, else the spec's flash kernel
+    (`attention_kernel`)."""
     kwargs = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                   q_index=q_index, kv_index=kv_index)
     whole_rows = q_index is None and kv_index is None and q_segment_ids is not None and q_segment_ids is kv_segment_ids
-    if spec.attention in KERNELS and whole_rows:
-        out, _ = fused_attention(spec.attention, q, k, v, q_segment_ids)
-        if out is not None:
-            return out
-    if spec.use_blockwise(k.shape[1]):
-        return blockwise_attention(q, k, v, block_size=spec.attention_block, **kwargs)
-    return dense_attention(q, k, v, **kwargs)
+    if spec.attention == "cudnn" and whole_rows and cudnn_unserved(q, jax.default_backend()) is None:
+        return cudnn_attention(q, k, v, q_segment_ids)
+    if not spec.use_blockwise(k.shape[1]):
+        return dense_attention(q, k, v, **kwargs)
+    ids = materialize_ids(q.shape[0], q.shape[1], k.shape[1], q_segment_ids, kv_segment_ids, q_index, kv_index)
+    return flash_attention(q, k, v, ids, attention_kernel(spec))[0]
 
 
 def output_projection(o, wo):
@@ -131,12 +145,17 @@ def output_projection(o, wo):
     return jnp.einsum("bshk,hkd->bsd", o, wo.astype(o.dtype))
 
 
-def attention_block(w, x, segment_ids, positions, spec: BlockSpec, index: Optional[jax.Array] = None):
+def attention_block(w, x, segment_ids, positions, spec: BlockSpec, index: Optional[jax.Array] = None,
+                    attend=None):
     """Attention sub-layer on local data (w: `attention_weights`): projections, rotary
-    positions, attention, output."""
+    positions, attention (`attend(q, k, v, segment_ids)` if given, else `local_attention`),
+    output."""
     q, k, v = qkv_projection(w, x, positions, spec)
-    o = local_attention(q, k, v, spec, q_segment_ids=segment_ids, kv_segment_ids=segment_ids,
-                        q_index=index, kv_index=index)
+    if attend is not None:
+        o = attend(q, k, v, segment_ids)
+    else:
+        o = local_attention(q, k, v, spec, q_segment_ids=segment_ids, kv_segment_ids=segment_ids,
+                            q_index=index, kv_index=index)
     return output_projection(o, w["wo"])
 
 

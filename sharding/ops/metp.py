@@ -112,16 +112,17 @@ def attention_forward(x, seg, pos, w, spec: BlockSpec, ring: Ring, fetch_group=b
     """(out [B, c, D], o per group [p, B, c, H/p, K], lse per group [p, B, c, H/p]) of the
     attention sub-layer for this device's chunk x; w (`blocks.attention_weights`: wq
     [D, H/p, K], wkv [D, 2, G/p, K], wo [H/p, K, D]) is its head group, and
-    fetch_group(w, j, ring) puts group j's weights on every device. K/V blocks are
-    processed in `spec.attention_block` tiles, fully masked tiles (the causal future, other
-    documents) skipped. Plain JAX (autodiff through it keeps every visiting block)."""
-    ids, tile = _chunk_ids(seg, ring), spec.attention_block
+    fetch_group(w, j, ring) puts group j's weights on every device. Each visiting K/V block is
+    attended by the spec's local kernel (`blocks.attention_kernel`), which skips the tiles with
+    no allowed pair (the causal future, other documents). Differentiable by autodiff too (which
+    keeps every visiting block)."""
+    ids, kernel = _chunk_ids(seg, ring), blocks.attention_kernel(spec)
     p, (B, c, D), (hg, kd) = ring.size, x.shape, w["wq"].shape[1:]
 
     def group(j, wj, state):
         out, o_all, lse_all = state
         q, k, v = _qkv(spec, pos, x, wj)
-        o, lse = ring_attention_forward(q, k, v, ids, ring, bq=tile, bk=tile)
+        o, lse = ring_attention_forward(q, k, v, ids, ring, kernel)
         out = out + blocks.output_projection(o, wj["wo"]).astype(_F32)
         return (out, lax.dynamic_update_index_in_dim(o_all, o, j, 0),
                 lax.dynamic_update_index_in_dim(lse_all, lse, j, 0))
@@ -147,7 +148,7 @@ def _metp_attention_fwd(x, seg, pos, w, spec, ring):
 
 def _metp_attention_bwd(spec, ring, res, dout):
     x, seg, pos, w, o_all, lse_all = res
-    ids, tile = _chunk_ids(seg, ring), spec.attention_block
+    ids, kernel = _chunk_ids(seg, ring), blocks.attention_kernel(spec)
     home = lax.axis_index(ring.axis)
 
     def group(j, wj, state):
@@ -157,7 +158,7 @@ def _metp_attention_bwd(spec, ring, res, dout):
         o, lse = o_all[j], lse_all[j]
         do = jnp.einsum("bsd,hkd->bshk", dout, wj["wo"].astype(dout.dtype))
         dwo_part = jnp.einsum("bshk,bsd->hkd", o, dout, preferred_element_type=_F32)
-        dq, dk, dv = ring_attention_backward(q, k, v, ids, o, lse, do, ring, bq=tile, bk=tile, nested=True)
+        dq, dk, dv = ring_attention_backward(q, k, v, ids, o, lse, do, ring, kernel, nested=True)
         dx_t, dproj = proj_vjp((dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)))
         parts = {**jax.tree.map(lambda g: g.astype(_F32), dproj), "wo": dwo_part}
         dwj = lax.psum(parts, ring.all_axes)  # to the owner

@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 from sharding.mesh import STAGE_AXIS, mesh_roles
 from sharding.ops.blocks import BlockSpec
+from sharding.ops.flash import tile_sizes
 from sharding.remat import NAMES as REMAT_NAMES, remat_policy
 
 BATCH_ROLE, MODEL_ROLE, DEVICES_ROLE = "batch", "model", "devices"
@@ -158,10 +159,13 @@ class LayerShape:
         return 2 * (self.qkv_elems + s.n_heads * s.head_dim * s.d_model + self.g * s.d_model * s.d_ff
                     + s.d_ff * s.d_model)
 
-    def tiles(self, s_q: int, s_kv: int) -> int:
-        """Score tiles of a blockwise kernel over s_q queries and s_kv keys."""
-        blk = self.spec.attention_block
-        return math.ceil(s_q / min(blk, s_q)) * math.ceil(s_kv / min(blk, s_kv))
+    def tiles(self, s_q: int, s_kv: int, batch_heads: float = 1) -> int:
+        """Score tiles the flash kernel visits over s_q queries and s_kv keys of `batch_heads`
+        rows x heads (`sharding.ops.flash`: cache-sized tiles of at most attention_block; a
+        square block is causal, so its lower triangle)."""
+        bq, bk = tile_sizes(self.spec.attention_block, self.spec.attention_block, s_q, s_kv, int(batch_heads))
+        nq, nk = math.ceil(s_q / bq), math.ceil(s_kv / bk)
+        return nq * (nq + 1) // 2 if (s_q, bq) == (s_kv, bk) else nq * nk
 
 
 # ------------------------------------------------------------------------------------------
@@ -305,8 +309,14 @@ def saved_under(remat: str, none: Saved, dots: Saved, kept_by_selective: Saved) 
 def dense_or_tiles(shape: LayerShape, rows: float, heads: float, s: float) -> tuple[bool, float, float]:
     """(dense, score elements, tile elements) of a local attention over s queries and keys."""
     if shape.blockwise:
-        return False, 0.0, rows * heads * min(shape.spec.attention_block, s) ** 2
+        return False, 0.0, rows * heads * tile_elements(shape.spec, s, s, rows * heads)
     return True, rows * heads * s * s, 0.0
+
+
+def tile_elements(spec: BlockSpec, s_q: float, s_kv: float, batch_heads: float) -> float:
+    """Elements of one score tile of the flash kernel per row and head (`flash.tile_sizes`)."""
+    bq, bk = tile_sizes(spec.attention_block, spec.attention_block, int(s_q), int(s_kv), max(1, int(batch_heads)))
+    return float(bq * bk)
 
 
 def gathered_weights(shape: LayerShape, remat: str) -> tuple[float, float]:

@@ -1,6 +1,8 @@
 """`dp`: data parallel. Each run's weights are gathered once, compute is replicated per batch shard."""
+from sharding import layout as L
 from sharding.ops import blocks
-from sharding.strategies.base import Strategy, constrain
+from sharding.ops.fused_attention import KERNELS
+from sharding.strategies.base import Strategy, constrain, shard_map
 from sharding.strategies.description import (
     DEVICES_ROLE, F32, AttentionWork, Collective, Description, Extents, Rules, dense_or_tiles, projection_flops,
     keeps_gathered, residuals, saved_under, selective, standard_dots)
@@ -21,7 +23,18 @@ class DataParallel(Strategy):
 
     def attention(self, w, x, segment_ids, positions, spec, mesh):
         w = self.layer_weights(blocks.attention_weights(w), mesh)
-        return constrain(blocks.attention_block(w, x, segment_ids, positions, spec), mesh, self.boundary_spec(mesh))
+        out = blocks.attention_block(w, x, segment_ids, positions, spec, attend=self.per_device(spec, mesh))
+        return constrain(out, mesh, self.boundary_spec(mesh))
+
+    def per_device(self, spec, mesh):
+        """For a fused kernel (which has no partitioning rule): the local attention on each
+        device's rows, in a shard_map over the compute layout. None: GSPMD partitions the XLA
+        kernels as they are."""
+        if spec.attention not in KERNELS:
+            return None
+        qkv, tokens = self.compute.spec(L.ATTENTION_AXES, mesh), self.compute.spec(L.TOKEN_AXES, mesh)
+        local = lambda q, k, v, seg: blocks.local_attention(q, k, v, spec, q_segment_ids=seg, kv_segment_ids=seg)  # noqa: E731
+        return shard_map(local, mesh, in_specs=(qkv, qkv, qkv, tokens), out_specs=qkv)
 
     def mlp(self, w, x, spec, mesh):
         w = self.layer_weights({"w_in": w["w_in"], "w_out": w["w_out"]}, mesh)
@@ -36,7 +49,7 @@ class DataParallel(Strategy):
             ext, saved_under(remat, residuals(ext), standard_dots(shape), selective(ext, shape.g)), kept, transient, 0.0,
             projection_flops(shape, rows * s, remat),
             AttentionWork(rows, spec.n_heads, s, s, tiled=shape.blockwise, flash=shape.blockwise),
-            shape.tiles(s, s) if shape.blockwise else 0, self.weight_collectives(shape, remat))
+            shape.tiles(s, s, rows * spec.n_heads) if shape.blockwise else 0, self.weight_collectives(shape, remat))
 
     def weight_bytes(self, shape, remat):
         """(kept, transient): the run's gathered copy and the stacked full-size float32 gradients

@@ -23,7 +23,7 @@ from sharding.strategies.base import Strategy, model_size, shard_map
 from sharding.strategies.description import (
     BATCH_ROLE, DEVICES_ROLE, F32, MODEL_ROLE, AttentionWork, Collective, Description, Extents, RingStep, Rules,
     Saved, gather_per_layer, model_block_weights, projection_flops, recomputes, recomputes_attention, residuals,
-    role_axes, saved_under, selective)
+    role_axes, saved_under, selective, tile_elements)
 
 
 class MemoryEfficientTensorParallel(Strategy):
@@ -60,7 +60,7 @@ class MemoryEfficientTensorParallel(Strategy):
         tokens = rows * c
         # MLP activations are recomputed block by block (in `buffers`), never kept whole
         ext = Extents(rows, c, c, tokens, n, shape.kv_group / p, 0.0, False, 0.0,
-                      rows * n / p * min(spec.attention_block, c) ** 2)
+                      rows * n / p * tile_elements(spec, c, c, rows * n / p))
         # only o per head group and its log-sum-exp; under dots, the ring steps' projection
         # outputs (matmuls without batch dims)
         saved = saved_under(remat, residuals(ext, att=1, kv=0, mlp=0), Saved(boundary=1 + p, att=3),
@@ -77,7 +77,7 @@ class MemoryEfficientTensorParallel(Strategy):
         return Description(
             ext, saved, kept, transient, buffers, self.matmul_flops(shape, tokens, remat),
             AttentionWork(rows, n, c, c, blocks=p, tiled=True, flash=True),
-            p * p * (shape.tiles(chunk, chunk) + 1) + p,
+            p * p * (shape.tiles(chunk, chunk, rows * n / p) + 1) + p,
             ((Collective("all-reduce", DEVICES_ROLE, self.group_elems(shape) / p * F32, p),)  # group grads to their owner
              + (gather_per_layer(shape, remat, BATCH_ROLE, share=p)[:1] if shape.d > 1 else ())),
             self.ring_steps(shape, tokens, remat))

@@ -16,7 +16,8 @@ from sharding.ops.ring_attention import chunk_index, ring_attention
 from sharding.strategies.base import Strategy, constrain, model_entry, model_size, shard_map
 from sharding.strategies.description import (
     BATCH_ROLE, F32, MODEL_ROLE, AttentionWork, Description, Extents, RingStep, Rules, gather_per_layer,
-    gathered_weights, projection_flops, recomputes_attention, residuals, saved_under, selective, standard_dots)
+    gathered_weights, projection_flops, recomputes_attention, residuals, saved_under, selective, standard_dots,
+    tile_elements)
 
 
 class SequenceSharded(Strategy):
@@ -63,23 +64,21 @@ class RingAttention(SequenceSharded):
 
         def local(q, k, v, seg):
             index = chunk_index(q.shape[0], q.shape[1], axis)
-            tile = min(spec.attention_block, q.shape[1]) if spec.use_blockwise(q.shape[1] * p) else None
-            return ring_attention(q, k, v, axis_name=axis, axis_size=p, q_segment_ids=seg,
-                                  kv_segment_ids=seg, q_index=index, kv_index=index,
-                                  q_block_size=tile, kv_block_size=tile)
+            return ring_attention(q, k, v, axis_name=axis, axis_size=p, q_segment_ids=seg, kv_segment_ids=seg,
+                                  q_index=index, kv_index=index, kernel=blocks.attention_kernel(spec, q.shape[1] * p))
 
         return self.local_attention(local, mesh)(q, k, v, segment_ids)
 
     def describe(self, shape, remat="none"):
         spec, p, k, G = shape.spec, shape.p, shape.spec.head_dim, shape.spec.kv_heads
         rows, c = self.rows(shape), self.boundary_seq(shape)
-        tile = min(spec.attention_block, c) if shape.blockwise else c  # untiled ring steps score whole chunk pairs
-        ext = self.chunk_extents(shape, G, tiles=rows * spec.n_heads * tile * tile)
+        tile = tile_elements(spec, c, c, rows * spec.n_heads) if shape.blockwise else c * c  # else whole chunk pairs
+        ext = self.chunk_extents(shape, G, tiles=rows * spec.n_heads * tile)
         kept, transient = gathered_weights(shape, remat)
         Akv = ext.att_tokens * ext.kv_heads * k * shape.e_mem
         buffers = 2 * 2 * Akv + 2 * ext.att_tokens * ext.kv_heads * k * F32  # K/V double buffer + dK/dV f32
         chunk = max(1, shape.seq_len // p)
-        per_block = shape.tiles(chunk, chunk) if shape.blockwise else 1
+        per_block = shape.tiles(chunk, chunk, rows * spec.n_heads) if shape.blockwise else 1
         # each step's K/V block computes while the next hops. Forward: p - 1 K/V hops; backward:
         # p - 1 K/V hops with p dK/dV (f32) hops, one K/V + one dK/dV per step.
         tokens = rows * c

@@ -127,7 +127,7 @@ class TensorParallel(Strategy):
             ext, saved_under(remat, residuals(ext), dots, selective(ext, shape.g)), kept, transient, 0.0,
             projection_flops(shape, rows * s, remat, split=p),
             AttentionWork(rows, heads, s, s, tiled=shape.blockwise, flash=shape.blockwise),
-            shape.tiles(s, s) if shape.blockwise else 0,
+            shape.tiles(s, s, rows * heads) if shape.blockwise else 0,
             self.sublayer_collectives(shape, rows * s * spec.d_model * shape.e)
             + (gather_per_layer(shape, remat, BATCH_ROLE, share=p) if shape.d > 1 else ()))
 

@@ -1,9 +1,9 @@
 """`ulysses`: DeepSpeed-Ulysses sequence parallelism with per-layer weight gathering (FSDP).
 
 Boundary layout `[b, s/p, d]` as in `ring`. Around attention an all-to-all trades the sequence
-split for a head split, so each device attends over the full sequence for h/p heads (local,
-blockwise for long sequences), and a second all-to-all trades back. Segment ids and token
-indices (small) are all-gathered over the sequence. Autodiff transposes each all-to-all into
+split for a head split, so each device attends over the full sequence for h/p heads (the
+local kernel on whole rows, `blocks.local_attention`), and a second all-to-all trades back.
+Segment ids (small) are all-gathered over the sequence. Autodiff transposes each all-to-all into
 the reverse one. With fewer K/V heads than devices, K/V heads are repeated before the
 all-to-all so that every device receives the one its query heads read.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 from jax import lax
 
 from sharding.ops import blocks
-from sharding.ops.ring_attention import chunk_index
 from sharding.remat import keep
 from sharding.strategies.base import model_entry, model_size
 from sharding.strategies.description import (
@@ -34,14 +33,10 @@ class Ulysses(SequenceSharded):
         def heads_to_seq(x):  # [B, S, H/p, K] -> [B, S/p, H, K]
             return lax.all_to_all(x, axis, split_axis=1, concat_axis=2, tiled=True)
 
-        def local(q, k, v, seg):
-            index = chunk_index(seg.shape[0], seg.shape[1], axis)
-            seg, index = (lax.all_gather(a, axis, axis=1, tiled=True) for a in (seg, index))
+        def local(q, k, v, seg):  # after the all-to-all: whole rows for h/p heads
+            seg = lax.all_gather(seg, axis, axis=1, tiled=True)
             q, k, v = keep((seq_to_heads(q), seq_to_heads(k), seq_to_heads(v)))  # not all-to-all again
-            o = blocks.local_attention(q, k, v, spec,
-                                       q_segment_ids=seg, kv_segment_ids=seg,
-                                       q_index=index, kv_index=index)
-            return heads_to_seq(o)
+            return heads_to_seq(blocks.local_attention(q, k, v, spec, q_segment_ids=seg, kv_segment_ids=seg))
 
         k, v = (blocks.kv_heads_for_group(t, model_size(mesh)) for t in (k, v))  # whole K/V heads per device
         return self.local_attention(local, mesh)(q, k, v, segment_ids)
@@ -60,4 +55,4 @@ class Ulysses(SequenceSharded):
             ext, saved_under(remat, residuals(ext, att=3), standard_dots(shape), selective(ext, shape.g)), kept, transient, 0.0,
             projection_flops(shape, ext.att_tokens, remat),
             AttentionWork(rows, spec.n_heads / p, s, s, tiled=shape.blockwise, flash=shape.blockwise),
-            shape.tiles(s, s) if shape.blockwise else 0, gather_per_layer(shape, remat) + (a2a,))
+            shape.tiles(s, s, rows * spec.n_heads / p) if shape.blockwise else 0, gather_per_layer(shape, remat) + (a2a,))
