@@ -1,5 +1,8 @@
 """Model FLOPs of a train step and the device peak they are compared with (MFU).
 
+The peak is the hardware's, never the time model's fitted rate: a GPU profile's dense bf16
+peak, or on CPU a float32 matmul rate measured once (`matmul_rate`) and cached.
+
 MFU = model FLOPs of the step / (step time x peak FLOP/s per device x devices). Model FLOPs
 count what the model needs, not what the program happens to run: no remat recompute, causal
 attention counted as half the score matrix (MaxText's convention), padding slots included (the
@@ -7,6 +10,9 @@ program computes them). XLA's `cost_analysis()` counts a scanned layer once, so 
 """
 from __future__ import annotations
 
+import json
+import os
+from dataclasses import dataclass
 from typing import Optional
 
 from dysejax.config import ModelConfig
@@ -33,17 +39,77 @@ def train_flops(cfg: ModelConfig, batch: int, seq_len: int, causal: bool = True)
     return sum(train_flops_split(cfg, batch, seq_len, causal))
 
 
-def peak_flops(hardware, override_tflops: Optional[float] = None) -> tuple[float, str]:
-    """(peak FLOP/s per device, where it comes from) for `autoplan.resolve_hardware`'s answer:
-    a GPU profile's dense bf16 peak, or on CPU the matmul rate of the time model's calibration
-    (CPUs have no vendor figure here); `train.peak_tflops` overrides both."""
+@dataclass(frozen=True)
+class Peak:
+    """The peak MFU is measured against: FLOP/s per device, a short name for each step's log
+    line, and where the figure comes from."""
+
+    flops: float
+    name: str
+    source: str
+
+
+def peak_flops(mesh, cache_dir: Optional[str] = None, override_tflops: Optional[float] = None) -> Peak:
+    """The device's peak: `train.peak_tflops` if given; a device with a hardware profile (GPUs):
+    its dense bf16 peak; otherwise (CPUs) the float32 matmul rate measured on one device, once
+    per `cache_dir` (`cached_matmul_rate`), shared by the simulated devices (they share the
+    cores): rate / devices each."""
     from costmodel.hardware import PROFILES
+    from dysejax.autoplan import profile_for_kind
 
     if override_tflops is not None:
-        return override_tflops * 1e12, "train.peak_tflops"
-    name = hardware if isinstance(hardware, str) else hardware.meta.get("profile")
-    if name:
-        profile = PROFILES[name]
-        return profile.flops, f"{profile.name} dense bf16 peak"
-    rate = hardware.time_coefficients().matmul_flops
-    return rate, f"{hardware.device_kind} matmul rate of the time model"
+        return Peak(override_tflops * 1e12, "train.peak_tflops", f"train.peak_tflops = {override_tflops:g}")
+    device, n = mesh.devices.flat[0], mesh.devices.size
+    profile = None if device.platform == "cpu" else profile_for_kind(device.device_kind)
+    if profile is not None:
+        p = PROFILES[profile]
+        return Peak(p.flops, f"{p.name} bf16 peak", f"{p.name} dense bf16 peak, {p.flops / 1e12:.4g} TFLOP/s per device")
+    rate = cached_matmul_rate(cache_dir)
+    return Peak(rate / n, f"{device.platform} matmul", f"the float32 matmul rate measured on this {device.platform} "
+                f"({rate / 1e9:.1f} GFLOP/s, {n} device(s) sharing it)")
+
+
+def cached_matmul_rate(cache_dir: Optional[str]) -> float:
+    """`matmul_rate()`'s FLOP/s, read from `cache_dir`/matmul_rate.json when measured before on
+    this device kind (else measured and written there; None: measured, not cached)."""
+    import jax
+
+    kind = jax.devices()[0].device_kind
+    path = os.path.join(cache_dir, "matmul_rate.json") if cache_dir else None
+    if path and os.path.exists(path):
+        with open(path) as fh:
+            cached = json.load(fh)
+        if cached.get("device_kind") == kind:
+            return float(cached["flops"])
+    measured = matmul_rate()
+    if path:
+        os.makedirs(cache_dir, exist_ok=True)
+        with open(path, "w") as fh:
+            json.dump(measured, fh, indent=1)
+    return measured["flops"]
+
+
+def matmul_rate(n: int = 1024, rounds: int = 5, products: int = 8) -> dict:
+    """Measured float32 FLOP/s of an n x n x n matmul on the default device: the median over
+    `rounds` timings of `products` chained products (after one untimed run), with the samples."""
+    import time
+
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def chain(a, b):
+        for _ in range(products):
+            a = (a @ b) * (1.0 / n)
+        return a
+
+    a = jnp.ones((n, n), jnp.float32)
+    b = jnp.ones((n, n), jnp.float32)
+    jax.block_until_ready(chain(a, b))
+    samples = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        jax.block_until_ready(chain(a, b))
+        samples.append(2.0 * n ** 3 * products / (time.perf_counter() - t))
+    samples.sort()
+    return {"flops": samples[len(samples) // 2], "samples": samples, "n": n, "device_kind": jax.devices()[0].device_kind}

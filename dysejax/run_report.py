@@ -52,7 +52,8 @@ def format_plan_table(rows: Sequence[dict], budget: Optional[int], source: str) 
 def format_step(row: dict, target: int) -> str:
     """One log line of a train step."""
     width = len(str(target))
-    mfu = f"  MFU {100 * row['mfu']:.2f}%" if row.get("mfu") is not None else ""
+    of = f" of {row['mfu_of']}" if row.get("mfu_of") else ""
+    mfu = f"  MFU {100 * row['mfu']:.2f}%{of}" if row.get("mfu") is not None else ""
     ev = f"  eval {row['eval_loss']:.4f}" if "eval_loss" in row else ""
     return (f"step {row['step']:>{width}}/{target}  bucket {row['bucket']:>5} x {row['batch_size']:<4} "
             f"plan {row['plan']:<14} loss {row['loss']:.4f}{ev}  tok/s {row['tokens_per_s']:>9,.0f}  "

@@ -18,14 +18,13 @@ from typing import Optional
 import jax
 
 from dysejax import run_report, runtime
-from dysejax.autoplan import resolve_hardware
 from dysejax.batches import load_batch
 from dysejax.build import build
 from dysejax.checkpoint import Checkpointer, restore_params
 from dysejax.compile_watch import compile_counter
 from dysejax.config import Config
 from dysejax.errors import ConfigError, PlanError, TrainingError
-from dysejax.flops import peak_flops, train_flops
+from dysejax.flops import Peak, peak_flops, train_flops
 from dysejax.metrics import MetricsWriter
 from dysejax.model.transformer import count_params
 from dysejax.plan_report import why_nothing_fits
@@ -129,9 +128,11 @@ class Trainer:
         return run_report.format_plan_table(rows, self.budget, self.planner.source)
 
     @property
-    def peak_flops(self) -> tuple[float, str]:
-        """(peak FLOP/s per device, its source) that MFU is measured against."""
-        return peak_flops(resolve_hardware("auto", self.mesh, None, log=lambda _: None), self.config.train.peak_tflops)
+    def peak_flops(self) -> Peak:
+        """The device peak MFU is measured against (`dysejax.flops.peak_flops`; on CPU a matmul
+        rate measured once, cached with the cost model's files)."""
+        cache = self.config.parallel.costmodel_dir or os.path.join(self.workdir, "costmodel")
+        return peak_flops(self.mesh, cache, self.config.train.peak_tflops)
 
     @property
     def optimizer_horizon(self) -> int:
@@ -176,11 +177,11 @@ class Trainer:
             if self.warmup_report is None:
                 self.warmup()
             self.log(self.format_plans())
-            peak, peak_source = self.peak_flops
+            peak = self.peak_flops
             lines = self._step_lines_on()
             if lines:
-                self.log(f"training steps {start + 1}..{target}, a line every {cfg.train.log_every} (MFU vs "
-                         f"{peak / 1e12:.4g} TFLOP/s per device: {peak_source})")
+                self.log(f"training steps {start + 1}..{target}, a line every {cfg.train.log_every} (MFU of "
+                         f"{peak.name}: {peak.source})")
             reported = self.compiles_after_warmup
             skipped = 0
             rates = run_report.BucketRates()
@@ -207,7 +208,8 @@ class Trainer:
                            "bytes_per_device": program.bytes_per_device}
                     flops = train_flops(cfg.model, plan_b.batch_size, plan_b.bucket)
                     row["model_tflops"] = flops / 1e12
-                    row["mfu"] = flops / (dt * peak * self.n_devices) if dt > 0 else 0.0
+                    row["mfu"] = flops / (dt * peak.flops * self.n_devices) if dt > 0 else 0.0
+                    row["mfu_of"] = peak.name
                     row["bucket_tokens_per_s"] = rates.add(plan_b.bucket, row["tokens"], dt)
                     if not bool(out["finite"]):
                         if cfg.train.nonfinite == "stop":
