@@ -12,6 +12,11 @@ non-negative least squares over the measured cases: the rates `costmodel.time` d
 
     python benchmarks/gpu.py --json benchmarks/results/gpu_h200.json     # one H200: < 8 min
     python benchmarks/gpu.py --cpu-smoke                                  # the same path, CPU-sized
+    python benchmarks/gpu.py --vs-plain --json benchmarks/results/step_vs_plain_h200.json
+
+`--vs-plain` runs `benchmarks/step_vs_plain.py` on the GPU instead: dysejax's step (the Pallas
+kernel, and cuDNN on rows of one document) against the plain JAX step of the 125M model, bf16
+compute, interleaved rounds, loss and gradients checked equal within bf16 rounding first.
 
 `--time-limit` (default 420 s) stops starting new cases once spent, so the script stays inside
 its slot whatever the compile times; cases not run are listed as skipped. A kernel that cannot
@@ -43,6 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=5, help="timed steps per case (after one warm step)")
     p.add_argument("--time-limit", type=float, default=420.0, help="start no new case after this many seconds")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny model, short lengths: the same path on CPU")
+    p.add_argument("--vs-plain", action="store_true", help="dysejax's step vs a plain JAX step (step_vs_plain.py)")
+    p.add_argument("--rounds", type=int, default=5, help="--vs-plain: interleaved rounds per case")
     p.add_argument("--json", help="write the results here")
     return p.parse_args(argv)
 
@@ -72,7 +79,7 @@ def served(kernel: str, config, length: int, platform: str) -> tuple[bool, str]:
         return True, ""
     m = config.model
     q = jax.ShapeDtypeStruct((1, length, m.n_heads, m.resolved_head_dim), jnp.dtype(m.compute_dtype))
-    why = cudnn_unserved(q, platform) if kernel == "cudnn" else pallas_unserved(q, platform, 1)
+    why = cudnn_unserved(q, platform) if kernel == "cudnn" else pallas_unserved(q.shape[-1], platform)
     return why is None, why or ""
 
 
@@ -124,12 +131,12 @@ def run_case(model: str, kernel: str, length: int, args) -> dict:
         jax.block_until_ready(out)
         times.append(time.perf_counter() - t)
     step_s = sorted(times)[len(times) // 2]
-    peak, peak_source = trainer.peak_flops
+    peak = trainer.peak_flops
     matmul, attn = train_flops_split(config.model, batch, length)
     flops = matmul + attn
     recompute = {"none": 1.0, "dots": 1.0, "full": 4.0 / 3.0}[row["remat"]]  # full remat reruns the forward
     row.update(step_s=step_s, tokens_per_s=batch * length / step_s, model_flops=flops,
-               mfu=flops / (step_s * peak), peak_flops=peak, peak_source=peak_source, loss=float(out["loss"]),
+               mfu=flops / (step_s * peak.flops), peak_flops=peak.flops, peak_source=peak.source, loss=float(out["loss"]),
                matmul_flops_run=matmul * recompute, attention_flops_run=attn * recompute)
     return row
 
@@ -156,8 +163,27 @@ def fit_rates(rows: list[dict]) -> dict:
     return fits
 
 
+VS_PLAIN = {  # (config, cases, overrides, tolerance): bf16 on a GPU; the CPU smoke float32 and small
+    "gpu": (MODELS["125m"], "base:8x2048:none,base:8x2048:selective,base:2x8192:selective,base:2x8192:4:selective",
+            ["model.attention=pallas", "model.compute_dtype=bfloat16"], 3e-2),
+    "smoke": (os.path.join(ROOT, "configs", "dynamic.yaml"), "small:4x256:none,small:1x512:2:selective",
+              ["model.attention=pallas", "model.attention_block=128"], 1e-5),
+}
+
+
+def vs_plain(args) -> int:
+    """benchmarks/step_vs_plain.py with this machine's cases (the Pallas kernel in dysejax's step)."""
+    from benchmarks import step_vs_plain
+    config, cases, overrides, tol = VS_PLAIN["smoke" if args.cpu_smoke else "gpu"]
+    argv = ["--config", config, "--cases", cases, "--tol", str(tol), "--rounds", str(args.rounds), "--max-gib", "100"]
+    argv += [a for o in overrides for a in ("--set", o)] + (["--json", args.json] if args.json else [])
+    return step_vs_plain.main(argv)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.vs_plain:
+        return vs_plain(args)
     from dysejax import runtime
     runtime.configure_host_devices(1)
     import jax
