@@ -10,7 +10,13 @@ from dysejax.runtime import simulate_host_devices  # noqa: E402  (imports no JAX
 
 simulate_host_devices(8)
 
+import tempfile  # noqa: E402
+
 import pytest  # noqa: E402
+
+# dysejax's user cache (cost-model calibrations) for this session only: tests neither read a
+# calibration another run left in ~/.cache nor leave theirs there (subprocesses inherit it).
+os.environ["DYSEJAX_CACHE_DIR"] = tempfile.mkdtemp(prefix="dysejax-tests-cache-")
 
 TINY = os.path.join(ROOT, "configs", "tiny.yaml")
 
