@@ -49,6 +49,10 @@ from sharding.strategies.description import BATCH_ROLE, MODEL_ROLE, DEVICES_ROLE
 from sharding.strategies.description import recomputes, recomputes_attention
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+# Fraction of NVLink an all-to-all reaches inside a node: fitted on FlexSP's measured all-to-all
+# over 8 A100s (96.5 GB/s of the local array, its solver.py); held out there: 2 and 4 GPUs
+# (benchmarks/gpu_reference.py prints their errors). Other collectives: `link_efficiency`.
+ALLTOALL_EFFICIENCY = 0.313
 
 
 @dataclass
@@ -104,12 +108,13 @@ class TimeCoefficients:
     def from_profile(cls, profile: DeviceProfile, mesh_shape: Optional[Mapping[str, int]] = None,
                      matmul_efficiency: float = 0.6, attn_efficiency: float = 0.45,
                      link_efficiency: float = 0.75,
-                     alltoall_efficiency: Optional[float] = None) -> "TimeCoefficients":
+                     alltoall_efficiency: Optional[float] = ALLTOALL_EFFICIENCY) -> "TimeCoefficients":
         """Rates from a vendor profile: a fraction of peak FLOP/s and of the link bandwidths, NVLink
         inside a node of `profile.devices_per_node` devices and the NIC across nodes (which link a
         collective uses follows from its group's place on the mesh, `layer_work`; `mesh_shape` is
         accepted for callers that pass it). alltoall_efficiency: the fraction of NVLink an
-        all-to-all reaches inside a node (default: link_efficiency)."""
+        all-to-all reaches inside a node (None: link_efficiency; the default is fitted on
+        FlexSP's measured 8-GPU all-to-all, benchmarks/gpu_reference.py)."""
         link_eff = {k: link_efficiency for k in KINDS}
         if alltoall_efficiency is not None:
             link_eff["all-to-all"] = alltoall_efficiency
