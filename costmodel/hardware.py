@@ -47,7 +47,8 @@ class DeviceProfile:
 #          paper's setup paragraph was not readable in the stored material).
 #  Not found in stored material (kept from the earlier profiles, marked "unsourced"): the
 #  A100-80GB NIC (200 Gb/s HDR per GPU as in DGX A100), V100 / A10 links, inter-node latency
-#  (10 us: the order of one NCCL message over InfiniBand; predictions move < 1% from 5 to 20 us).
+#  (10 us: the order of one NCCL message over InfiniBand; from 5 to 20 us gpu_reference's step
+#  times move < 0.1%, its multi-node all-to-all points 2-8%).
 PROFILES = {
     "a100-80gb": DeviceProfile("A100-80GB", 312e12, 80 * 2**30, 300e9, 25e9, hbm_bw=2.039e12),  # [A100]; NIC unsourced
     "a100-40gb": DeviceProfile("A100-40GB", 312e12, 42405855232, 300e9, 400e9 / 8 / 8, hbm_bw=1.555e12),  # [A100] [FlexSP]
