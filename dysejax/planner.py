@@ -139,6 +139,4 @@ class Planner:
         """The predicted bytes of a plan (or plan id) when the cost model is built, else None."""
         if self._cost_model is None:
             return None
-        if not isinstance(plan, Plan):  # an id: a candidate's (a mixed or suffixed id is no written plan)
-            plan = next((p for p in self.distinct() if p.id == plan), None) or self.parse(plan)
-        return self.predict(seq_len, batch_size, plan)[0]
+        return self.predict(seq_len, batch_size, plan if isinstance(plan, Plan) else self.parse(plan))[0]
