@@ -106,30 +106,57 @@ _NAME = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=")
 _REF = re.compile(r"%([\w.\-]+)")
 
 
+_CHANNEL = re.compile(r"channel_id=(\d+)")
+
+
 def unordered_collectives(text: str) -> list[tuple[str, str, str]]:
     """(computation, op, op) for each pair of instructions that run collectives (directly or in
     a called computation) with no data dependence between them: XLA:CPU may start those in
     different orders on different devices, which deadlocks (`sharding.ops.ordering`)."""
-    comps, _ = _computations(text)
-    has: dict[str, bool] = {}
+    return [(comp, a, b) for comp, a, b, _ in _unordered_pairs(text)]
 
-    def bears(name: str, depth: int = 0) -> bool:
-        if name not in has:
-            has[name] = False
-            found = False
+
+def shared_channel_collectives(text: str) -> list[tuple[str, str, str, tuple]]:
+    """(computation, op, op, shared keys) for each pair of instructions with no data dependence
+    between them that run collectives of one kind on one channel id (directly or in a called
+    computation). XLA:CPU keys a collective's rendezvous by (kind, channel id) and lets
+    collectives it has started overlap: two such collectives in flight join one rendezvous
+    (`sharding.ops.ordering.unique_collective_channels`)."""
+    return [(comp, a, b, shared) for comp, a, b, (ka, kb) in _unordered_pairs(text) if (shared := tuple(sorted(ka & kb)))]
+
+
+def _unordered_pairs(text: str) -> list[tuple[str, str, str, tuple[set, set]]]:
+    """Pairs of collective-bearing instructions of one computation with no data dependence
+    between them, each with the (kind, channel id) keys it bears."""
+    comps, _ = _computations(text)
+    borne: dict[str, frozenset] = {}
+
+    def own_keys(line: str) -> set:
+        op = _OP.match(line)
+        if not (op and op.group(2).removesuffix("-start") in KINDS):
+            return set()
+        channel = _CHANNEL.search(line)
+        return {(op.group(2).removesuffix("-start"), channel.group(1) if channel else None)}
+
+    def callees(line: str) -> list[str]:
+        return _CALLS.findall(line) + [c for g in _BRANCHES.findall(line) for c in _REF.findall(g)]
+
+    def bears(name: str, depth: int = 0) -> frozenset:
+        if name not in borne:
+            borne[name] = frozenset()
+            keys = set()
             for line in comps.get(name, ()):
-                op = _OP.match(line)
-                if op and (op.group(2).removesuffix("-start") in KINDS):
-                    found = True
-                callees = _CALLS.findall(line) + [c for g in _BRANCHES.findall(line) for c in _REF.findall(g)]
-                found = found or any(bears(c, depth + 1) for c in callees if depth < 64)
-            has[name] = found
-        return has[name]
+                keys |= own_keys(line)
+                for c in callees(line):
+                    if depth < 64:
+                        keys |= bears(c, depth + 1)
+            borne[name] = frozenset(keys)
+        return borne[name]
 
     out = []
     for comp, lines in comps.items():
         deps: dict[str, set[str]] = {}
-        collective = []
+        collective: list[tuple[str, set]] = []
         for line in lines:
             name = _NAME.match(line)
             op = _OP.match(line)
@@ -138,17 +165,17 @@ def unordered_collectives(text: str) -> list[tuple[str, str, str]]:
             me = name.group(1)
             rest = op.group(3).split(", metadata=")[0]
             deps[me] = {r for r in _REF.findall(rest) if r in deps}
-            callees = _CALLS.findall(line) + [c for g in _BRANCHES.findall(line) for c in _REF.findall(g)]
-            if op.group(2).removesuffix("-start") in KINDS or any(bears(c) for c in callees):
-                collective.append(me)
+            keys = own_keys(line).union(*(bears(c) for c in callees(line)))
+            if keys:
+                collective.append((me, keys))
         ancestors: dict[str, set[str]] = {}
         for me in deps:  # instructions are listed after their operands
             anc = set()
             for d in deps[me]:
                 anc |= ancestors[d] | {d}
             ancestors[me] = anc
-        for i, a in enumerate(collective):
-            for b in collective[i + 1:]:
+        for i, (a, ka) in enumerate(collective):
+            for b, kb in collective[i + 1:]:
                 if a not in ancestors[b] and b not in ancestors[a]:
-                    out.append((comp, a, b))
+                    out.append((comp, a, b, (ka, kb)))
     return out

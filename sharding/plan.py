@@ -1,8 +1,10 @@
 """A plan: which strategy (and remat policy) runs each layer, as data.
 
 Written as runs of consecutive layers, e.g. `[["tp_sp", 20], ["metp", 12]]` or
-`[{"strategy": "tp_sp", "layers": 20, "remat": "full"}, ...]`; a bare strategy name means
-every layer. Consecutive layers with one strategy run under one scan.
+`[{"strategy": "tp_sp", "layers": 20, "remat": "full"}, ...]`, or as the plan's id, the one line
+every report prints: `tp_sp:20,metp:12@full` (runs `STRATEGY:LAYERS@REMAT`, the count and the
+policy optional for a plan of one run: `ulysses`, `ulysses@selective`). Consecutive layers with
+one strategy run under one scan.
 """
 from __future__ import annotations
 
@@ -89,12 +91,31 @@ def _parse_run(item: Any, where: str) -> Run:
     return Run(name, n, remat)
 
 
+def _from_id(text: str, n_layers: int, where: str) -> Plan:
+    """The plan an id names: `ring`, `ring@full`, `ring:3@selective,metp:1@full`."""
+    parts = text.split(",")
+    runs = []
+    for part in parts:
+        head, at, remat = part.strip().partition("@")
+        name, colon, count = head.partition(":")
+        if not name or (at and not remat) or (colon and not count.isdigit()) or (len(parts) > 1 and not colon):
+            raise PlanSyntaxError(f"{where}: {text!r} is not a plan: write STRATEGY, STRATEGY@REMAT or runs "
+                                  "STRATEGY:LAYERS[@REMAT] joined by commas, e.g. tp_sp:3@selective,metp:1@full")
+        if remat and remat not in REMAT_NAMES:
+            raise PlanSyntaxError(f"{where}: remat must be one of {', '.join(REMAT_NAMES)}, got {remat!r} in {text!r}")
+        n = int(count) if colon else n_layers
+        if n <= 0:
+            raise PlanSyntaxError(f"{where}: layer count must be a positive integer, got {count!r} in {text!r}")
+        runs.append(Run(name, n, remat or None))
+    return Plan(tuple(runs))
+
+
 def parse_plan(value: Any, n_layers: int, known: Sequence[str], where: str = "parallel.plan") -> Plan:
     """Read a strategy name or a written plan; check names and that it covers `n_layers`."""
     if isinstance(value, Plan):
         plan = value
     elif isinstance(value, str):
-        plan = Plan((Run(value, n_layers),))
+        plan = _from_id(value.strip(), n_layers, where)
     elif isinstance(value, (list, tuple)) and value:
         plan = Plan(tuple(_parse_run(item, f"{where}[{i}]") for i, item in enumerate(value)))
     else:
