@@ -17,8 +17,9 @@ share less parallel.memory_headroom 0.05).
 
 Contenders, each on the mesh (of those listed per cluster) where its epoch is fastest:
   * `auto`: per bucket the exact search's per-layer plan (`costmodel.search.exact_plan`) within
-    the budget, the row count that makes the bucket fastest; planning time measured here (cost
-    tables + search, every mesh, bucket and row count) and added to its epoch;
+    the budget, the row count that makes the bucket fastest; its planning measured here (CPU
+    seconds of the cost tables and searches of every mesh, row count and bucket of the epoch)
+    and added to its epoch;
   * `S@R`: strategy S under remat R on every layer of every bucket (one fixed plan);
   * Megatron-style tuned static: the fastest of TP + SP (`tp_sp`) and CP (`ring`, over the
     model group) under any remat policy, one configuration for the epoch, that fits every batch
@@ -113,12 +114,18 @@ class Pricer:
 
     def __init__(self, model, profile: str, budget: float):
         self.model, self.profile, self.budget = model, profile, budget
-        self.tables, self.auto, self.planning_s = {}, {}, 0.0
+        self.tables, self.auto, self.seconds = {}, {}, {}
+
+    def planning_s(self, meshes, buckets, devices: int) -> float:
+        """CPU seconds (process time: other tenants' load does not inflate it) of what `auto`
+        plans for these buckets: the table and search of every mesh and row count."""
+        return sum(self.seconds[(tuple(m.items()), r, b)] for m in meshes for b in buckets
+                   for r in row_options(m, b, devices))
 
     def table(self, mesh: dict, rows: int, bucket: int):
         key = (tuple(mesh.items()), rows, bucket)
         if key not in self.tables:
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             m = self.model
             names = feasible_strategies(m.spec, mesh, rows, bucket)
             table = None
@@ -128,7 +135,7 @@ class Pricer:
             self.tables[key] = table
             if table is not None:
                 self.auto[key] = exact_plan(table, self.budget)
-            self.planning_s += time.perf_counter() - t0
+            self.seconds[key] = time.process_time() - t0
         return self.tables[key], self.auto.get(key)
 
     def step(self, mesh: dict, rows: int, bucket: int, option: Optional[str]) -> Optional[tuple]:
@@ -205,7 +212,6 @@ def run_cluster(name: str, spec: dict, model, n_docs: int, reference: Optional[d
            "tokens_per_step": TOKENS_PER_GPU * spec["devices"], "time_model_error": band, "epochs": {}}
     for dist, lengths in epochs(spec["max_len"], n_docs).items():
         rows = bucket_rows(lengths)
-        planning_before = pricer.planning_s
         auto = best_mesh(pricer, spec["meshes"], rows, spec["devices"], None)
         fixed = {label(s, r): best_mesh(pricer, spec["meshes"], rows, spec["devices"], label(s, r))
                  for s in STATIC for r in REMATS}
@@ -213,12 +219,11 @@ def run_cluster(name: str, spec: dict, model, n_docs: int, reference: Optional[d
         best = min(complete, key=lambda k: complete[k]["epoch_s"]) if complete else None
         mega = {k: v for k, v in complete.items() if k.split("@")[0] in MEGATRON}
         mega_best = min(mega, key=lambda k: mega[k]["epoch_s"]) if mega else None
-        planning = pricer.planning_s - planning_before  # new tables and searches for this epoch
-        auto_total = auto["epoch_s"] + pricer.planning_s if auto["epoch_s"] is not None else None
+        planning = pricer.planning_s(spec["meshes"], rows, spec["devices"])
+        auto_total = auto["epoch_s"] + planning if auto["epoch_s"] is not None else None
         e = {"docs": int(len(lengths)), "tokens": int(lengths.sum()), "max_len": int(lengths.max()),
              "share_under_8k": float((lengths < 8 * K).mean()), "rows_by_bucket": rows, "auto": auto,
-             "auto_planning_s_total": pricer.planning_s, "planning_s_new_this_epoch": planning,
-             "auto_epoch_with_planning_s": auto_total, "fixed": fixed, "best_fixed": best, "megatron_style": mega_best}
+             "auto_planning_cpu_s": planning, "auto_epoch_with_planning_s": auto_total, "fixed": fixed, "best_fixed": best, "megatron_style": mega_best}
         if auto_total and best:
             r = complete[best]["epoch_s"] / auto_total
             e["speedup_vs_best_fixed"], e["speedup_vs_best_fixed_range"] = r, ratio_range(r, err)
@@ -241,7 +246,7 @@ def run_cluster(name: str, spec: dict, model, n_docs: int, reference: Optional[d
             if k not in (best, mega_best):
                 v.pop("buckets")
         out["epochs"][dist] = e
-    out["planning_s_total"] = pricer.planning_s
+    out["planning_cpu_s_all_tables"] = sum(pricer.seconds.values())
     out["tables"] = len(pricer.tables)
     return out
 
@@ -283,7 +288,7 @@ def print_cluster(name: str, c: dict) -> None:
             print(f"  auto vs {x['plan']} (TP + SP, Megatron's layer) on the buckets it trains (not "
                   f"{', '.join(map(str, x['cannot_train'])) or '-'}): {x['speedup']:.2f}x ({lo:.2f}x-{hi:.2f}x)")
         print(f"  per bucket: auto's plan, and seconds in the bucket (steps x rows per micro-step) of auto / best fixed "
-              f"(planning {e['auto_planning_s_total']:.1f} s so far, counted):")
+              f"(auto's planning {e['auto_planning_cpu_s']:.1f} CPU s, counted in its epoch):")
         best = e["fixed"].get(e["best_fixed"], {"buckets": {}})
         for b, x in a["buckets"].items():
             f = best["buckets"].get(b)
