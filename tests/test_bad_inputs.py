@@ -1,6 +1,5 @@
 """Bad inputs through the CLI (`train.main` in-process): each gives one `error:` line naming the
 problem, exit status 2, and leaves the workdir exactly as it was (listing, sizes, mtimes, bytes)."""
-import hashlib
 import os
 import shutil
 
@@ -9,22 +8,7 @@ import pytest
 import dysejax
 import train
 from tests.conftest import FAST, TINY
-
-
-def _snapshot(path):
-    """Every entry under `path` with its type, size, mtime and content hash (None if absent)."""
-    if not os.path.exists(path):
-        return None
-    out = {}
-    entries = [os.path.join(root, name) for root, dirs, files in os.walk(path) for name in dirs + files]
-    for p in [str(path)] + entries:
-            st = os.stat(p)
-            digest = None
-            if os.path.isfile(p):
-                with open(p, "rb") as f:
-                    digest = hashlib.sha256(f.read()).hexdigest()
-            out[os.path.relpath(p, path)] = (os.path.isdir(p), st.st_size, st.st_mtime_ns, digest)
-    return out
+from tests.snapshot import snapshot
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +111,7 @@ def test_bad_input_is_one_error_line_exit_2_and_leaves_the_workdir(kind, tmp_pat
     argv = ["--config", TINY, "--workdir", str(work), "--steps", "4", "--set", *FAST, "train.checkpoint_every=2"]
     if "--workdir" in extra:  # a later flag of the same name wins
         work = extra[extra.index("--workdir") + 1]
-    before = _snapshot(work)
+    before = snapshot(work)
     capsys.readouterr()
     try:
         status = train.main(argv + extra if extra[:1] != ["--set"] else argv + extra[1:])
@@ -137,4 +121,4 @@ def test_bad_input_is_one_error_line_exit_2_and_leaves_the_workdir(kind, tmp_pat
     lines = err.strip().splitlines()
     assert status == 2, err
     assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), err
-    assert _snapshot(work) == before, f"{kind}: the workdir changed"
+    assert snapshot(work) == before, f"{kind}: the workdir changed"
