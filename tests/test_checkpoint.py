@@ -28,13 +28,15 @@ def _tree_hash(path):
     return h.hexdigest()
 
 
-@pytest.mark.parametrize("target_mesh, devices", [({"data": 4}, 4), ({"data": 2, "model": 4}, 8)])
-def test_restore_onto_another_mesh_is_exact(tmp_path, target_mesh, devices):
+# the second folder's name has glob syntax, which orbax would otherwise read as a pattern
+@pytest.mark.parametrize("folder, target_mesh, devices", [("ck", {"data": 4}, 4),
+                                                          ("runs [x]*?/ck", {"data": 2, "model": 4}, 8)])
+def test_restore_onto_another_mesh_is_exact(tmp_path, folder, target_mesh, devices):
     config = load_config(TINY, FAST)
     optimizer = build_optimizer(config.optimizer, config.train.steps)
     source = StateLayout(config.model, optimizer, StorageLayout(build_mesh({"data": 8})))
     state = source.init(seed=3)
-    ckpt = Checkpointer(str(tmp_path), every=1, keep=2)
+    ckpt = Checkpointer(str(tmp_path / folder), every=1, keep=2)
     ckpt.save(1, state, {"epoch": 0, "index": 1}, {"model": {}})
     ckpt.wait()
 
@@ -42,6 +44,7 @@ def test_restore_onto_another_mesh_is_exact(tmp_path, target_mesh, devices):
     target = StateLayout(config.model, optimizer, StorageLayout(mesh))
     restored, data_state = ckpt.restore(1, target.abstract)
     ckpt.close()
+    assert os.listdir(tmp_path / folder) == ["1"]
     assert data_state == {"epoch": 0, "index": 1}
     for a, b, want in zip(jax.tree.leaves(state), jax.tree.leaves(restored), jax.tree.leaves(target.shardings)):
         assert b.sharding == want
