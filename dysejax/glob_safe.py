@@ -1,11 +1,11 @@
-"""Folder paths that libraries may glob inside: any path a shell accepts, `[ ] * ?` included.
+"""Folder paths for orbax: any path a shell accepts, `[ ] * ?` included.
 
-orbax (through etils' `epath.glob`) and JAX's compile cache list a folder by joining its path
-with a pattern and globbing the whole string, so glob syntax in the folder's own path is read
-as a pattern: under `runs/w_[x]` an orbax checkpoint is written but never found again
-(`[x]` matches `x`), and `*` or `?` can match a sibling folder. Such a path is handed to those
-libraries through a symlink from a private temporary folder (removed at exit); every other
-path is passed as it is.
+orbax (through etils' `epath.glob`) lists inside a checkpoint folder by joining the folder's
+path with a pattern and globbing the whole string, so glob syntax in the folder's own path is
+read as a pattern: under `runs/w_[x]` a checkpoint is written but never found again (`[x]`
+matches `x`), and `*` or `?` can match a sibling folder. Such a path is handed to orbax through
+a symlink from a private temporary folder (removed at exit); every other path is passed as it
+is. (JAX's compile cache globs only to evict, which dysejax leaves off.)
 """
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 model built here; no download): logits within 1e-4 at float32, import -> export bit-exact, and
 training continued from the import with `plan: auto` at a longer context than the original."""
 import json
+import logging
 import os
 
 import numpy as np
@@ -81,10 +82,12 @@ def _ours(workdir, tokens):
 
 
 @pytest.mark.parametrize("tie, scaling, shard", [(False, True, None), (True, False, "40KB")])
-def test_import_matches_transformers_and_export_round_trips(tmp_path, tie, scaling, shard):
+def test_import_matches_transformers_and_export_round_trips(tmp_path, tie, scaling, shard, capsys, caplog):
     hf = _llama(tmp_path / "hf", tie, scaling, shard=shard)
     assert (shard is not None) == (tmp_path / "hf" / "model.safetensors.index.json").exists()
     work, out = tmp_path / "w", tmp_path / "out"
+    caplog.clear()
+    capsys.readouterr()
     assert hf_main(["import", str(tmp_path / "hf"), "--workdir", str(work)]) == 0
     tokens = np.random.default_rng(0).integers(0, 320, (2, 48)).astype(np.int32)
     with torch.no_grad():
@@ -93,6 +96,10 @@ def test_import_matches_transformers_and_export_round_trips(tmp_path, tie, scali
     assert np.max(np.abs(got - want)) <= 1e-4, np.max(np.abs(got - want))
     # export: the same tensors, bit for bit, and transformers loads it to the same model
     assert hf_main(["export", "--workdir", str(work), str(out)]) == 0
+    # two lines on stdout for the import, one for the export; nothing else, no library warnings
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 3 and not captured.err, captured
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     _assert_same_tensors(_safetensors(tmp_path / "hf"), _safetensors(out))
     back = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert back.config.rope_parameters == hf.config.rope_parameters
