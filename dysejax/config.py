@@ -43,7 +43,7 @@ class ModelConfig:
     d_ff: Optional[int] = None  # default 4 * d_model (plain) or 8/3 * d_model rounded (gated)
     vocab_size: int = 264
     mlp: Literal["gated", "plain"] = "gated"
-    activation: Literal["silu", "gelu", "relu"] = "silu"
+    activation: Literal["silu", "gelu", "gelu_exact", "relu"] = "silu"  # gelu: tanh form; gelu_exact: erf
     tie_embeddings: bool = True
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
