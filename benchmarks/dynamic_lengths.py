@@ -203,7 +203,7 @@ def print_table(result: dict) -> None:
           f"; measured {result['bucket_steps']} batches per bucket, epoch {result['epoch_bucket_steps']}; "
           "seconds per step: median [min-max]; epoch = sum of epoch batches x step")
     width = max(22, *(len(_cell(r["per_bucket"][b])) for r in c.values() for b in buckets))
-    print(f"{'contender':<15} {'epoch s median [min-max]':>27} {'compile s':>9} " + " ".join(f"{b:>{width}}" for b in buckets)
+    print(f"{'contender':<17} {'epoch s median [min-max]':>27} {'compile s':>9} " + " ".join(f"{b:>{width}}" for b in buckets)
           + f" {'max len':>8}")
     key = lambda n: (c[n]["epoch_s"] is None, c[n]["epoch_s"] or 0, c[n]["epoch_steps_cannot_run"])  # noqa: E731
     for name in ["auto"] + sorted((n for n in c if n != "auto"), key=key):
@@ -212,7 +212,7 @@ def print_table(result: dict) -> None:
         ml = "" if ml is None else ((">=" if r.get("max_len_capped") else "") + str(ml))
         epoch = (f"{r['epoch_s']:.0f} [{r['epoch_s_range'][0]:.0f}-{r['epoch_s_range'][1]:.0f}]"
                  if r["epoch_s"] is not None else f"— ({r['epoch_steps_cannot_run']} batches cannot run)")
-        print(f"{name:<15} {epoch:>27} {r['compile_s']:9.0f} "
+        print(f"{name:<17} {epoch:>27} {r['compile_s']:9.0f} "
               + " ".join(f"{_cell(r['per_bucket'][b]):>{width}}" for b in buckets) + f" {ml:>8}")
     print("auto's plan per bucket: " + ", ".join(f"{b}: {c['auto']['per_bucket'][b]['plan']}" for b in buckets))
     o = result["auto_overheads"]

@@ -1,6 +1,5 @@
 """Bad inputs through the CLI (`train.main` in-process): each gives one `error:` line naming the
 problem, exit status 2, and leaves the workdir exactly as it was (listing, sizes, mtimes, bytes)."""
-import os
 import shutil
 
 import pytest
@@ -8,7 +7,7 @@ import pytest
 import dysejax
 import train
 from tests.conftest import FAST, TINY
-from tests.snapshot import snapshot
+from tests.snapshot import snapshot, truncate_files
 
 
 @pytest.fixture(scope="module")
@@ -20,16 +19,8 @@ def trained(tmp_path_factory):
     return work
 
 
-def _truncate_files(folder):
-    for root, _, files in os.walk(folder):
-        for name in files:
-            p = os.path.join(root, name)
-            with open(p, "r+b") as f:
-                f.truncate(os.path.getsize(p) // 3)
-
-
 def _corrupt(work):
-    _truncate_files(work / "checkpoints" / "2" / "state")
+    truncate_files(work / "checkpoints" / "2" / "state")
 
 
 def _case(kind, tmp, trained):
@@ -109,7 +100,7 @@ def _case(kind, tmp, trained):
         from dysejax.checkpoint import save_params
         save_params(str(tmp / "params"), {"embed": np.zeros((10, 4), np.float32)})
         if kind == "init_from_corrupt":
-            _truncate_files(tmp / "params")
+            truncate_files(tmp / "params")
     if kind in sets:
         extra, message = sets[kind]
         return ["--set", *extra], message

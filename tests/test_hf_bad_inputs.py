@@ -13,7 +13,7 @@ import pytest
 
 from dysejax.hf.__main__ import main as hf_main
 from tests.hf_folders import CONFIG, llama_tensors, write_llama
-from tests.snapshot import snapshot
+from tests.snapshot import snapshot, truncate_files
 
 
 def _with(**changes):
@@ -190,17 +190,22 @@ def _run(argv, capsys, caplog=None):
     return status, captured.err, captured.out
 
 
-@pytest.mark.parametrize("kind", IMPORT_KINDS)
-def test_bad_import_is_one_error_line_exit_2_and_writes_nothing(kind, tmp_path, capsys, caplog):
-    argv, message = _import_case(kind, tmp_path)
-    watched = [tmp_path / "hf", tmp_path / "w"]
+def _assert_refused(argv, message, watched, capsys, caplog) -> str:
+    """Run `argv`: exit 2, one `error: message...` line, every `watched` folder unchanged; its stdout."""
     before = [snapshot(p) for p in watched]
     status, err, out = _run(argv, capsys, caplog)
     lines = err.strip().splitlines()
     assert status == 2, err
     assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), err
+    assert [snapshot(p) for p in watched] == before, f"{argv}: a folder changed"
+    return out
+
+
+@pytest.mark.parametrize("kind", IMPORT_KINDS)
+def test_bad_import_is_one_error_line_exit_2_and_writes_nothing(kind, tmp_path, capsys, caplog):
+    argv, message = _import_case(kind, tmp_path)
+    out = _assert_refused(argv, message, [tmp_path / "hf", tmp_path / "w"], capsys, caplog)
     assert out == ""
-    assert [snapshot(p) for p in watched] == before, f"{kind}: a folder changed"
 
 
 def test_each_non_square_matrix_stored_transposed_is_named(tmp_path, capsys):
@@ -237,7 +242,7 @@ def _export_case(kind, tmp, imported):
         "out_not_empty": (lambda: (out.mkdir(), (out / "keep.txt").write_text("mine")),
                           f"the output folder '{out}' is not empty: name a new or empty folder"),
         "out_is_file": (lambda: out.write_text("a file"), f"the output folder '{out}' is a file"),
-        "params_corrupt": (lambda: _truncate_all(w / "hf_params"), f"{w}/hf_params is not a readable orbax checkpoint"),
+        "params_corrupt": (lambda: truncate_files(w / "hf_params"), f"{w}/hf_params is not a readable orbax checkpoint"),
         "config_other_model": (lambda: _edit_yaml(w / "config.yaml", "d_model: 32", "d_model: 40"),
                                f"{w} (the imported parameters): parameter embed is (300, 32), the model of its config "
                                "needs (300, 40): export with the config that trained (or imported) these parameters"),
@@ -253,14 +258,6 @@ def _export_case(kind, tmp, imported):
     prepare, message = cases[kind]
     prepare()
     return ["export", "--workdir", str(w), str(out), *extra], message
-
-
-def _truncate_all(folder):
-    for root, _, files in os.walk(folder):
-        for name in files:
-            p = os.path.join(root, name)
-            with open(p, "r+b") as f:
-                f.truncate(os.path.getsize(p) // 3)
 
 
 def _edit_yaml(path, old, new):
@@ -282,10 +279,4 @@ EXPORT_KINDS = ["nothing_there", "no_such_step", "out_not_empty", "out_is_file",
 @pytest.mark.parametrize("kind", EXPORT_KINDS)
 def test_bad_export_is_one_error_line_exit_2_and_writes_nothing(kind, tmp_path, imported, capsys, caplog):
     argv, message = _export_case(kind, tmp_path, imported)
-    watched = [tmp_path / "w", tmp_path / "out"]
-    before = [snapshot(p) for p in watched]
-    status, err, out = _run(argv, capsys, caplog)
-    lines = err.strip().splitlines()
-    assert status == 2, err
-    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), err
-    assert [snapshot(p) for p in watched] == before, f"{kind}: a folder changed"
+    _assert_refused(argv, message, [tmp_path / "w", tmp_path / "out"], capsys, caplog)
