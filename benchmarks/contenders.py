@@ -20,12 +20,9 @@ programs (the timing of a step does not depend on the weights' values).
 """
 from __future__ import annotations
 
-import json
-import os
+import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Optional
-
 from sharding.remat import NAMES as REMAT_NAMES
 
 REMATS = REMAT_NAMES  # every static strategy under every policy, as auto may choose
@@ -43,6 +40,8 @@ class Contender:
     plan_ids: dict = field(default_factory=dict)  # bucket -> plan id (also when it cannot run)
     bytes: dict = field(default_factory=dict)  # bucket -> XLA bytes per device (when compiled)
     infeasible: set = field(default_factory=set)  # buckets whose shape the strategy cannot serve
+    compile_s: dict = field(default_factory=dict)  # bucket -> seconds its programs there took to compile
+    compiled: dict = field(default_factory=dict)  # bucket -> programs compiled there (tried and kept)
 
 
 def static_plan(trainer, strategy: str, remat: str):
@@ -68,6 +67,7 @@ def build_static(trainer, strategy: str, remat: str) -> Contender:
             c.infeasible.add(b)
             continue
         program = trainer.programs.get("train", b, bs, plan)
+        c.compile_s[b], c.compiled[b] = program.compile_s, 1
         _admit(c, trainer, b, program)
     return c
 
@@ -84,6 +84,9 @@ def build_auto(trainer) -> Contender:
         except PlanError:
             program = trainer.programs.get("train", b, bs, candidates[-1])
         c.plan_ids[b] = program.plan.id
+        tried = candidates[:[p.id for p in candidates].index(program.plan.id) + 1]
+        compiled = [trainer.programs.get("train", b, bs, p) for p in tried]
+        c.compile_s[b], c.compiled[b] = sum(p.compile_s for p in compiled), len(compiled)
         _admit(c, trainer, b, program)
     return c
 
@@ -99,32 +102,26 @@ def _admit(c: Contender, trainer, bucket: int, program) -> None:
 
 @dataclass
 class Timings:
-    """Measured seconds per (bucket, plan id), one entry per batch, and the batches' tokens."""
+    """Measured seconds per (bucket, plan id), one entry per batch of the bucket in batch order,
+    and the batches' real tokens per bucket."""
 
     seconds: dict = field(default_factory=dict)  # (bucket, plan_id) -> [s per batch]
     tokens: dict = field(default_factory=dict)  # bucket -> [real tokens per batch]
     compiles_after_warmup: int = 0
 
 
-def measure(trainer, contenders: list[Contender], batches: list, progress=print,
-            journal: Optional[str] = None) -> Timings:
-    """Run every distinct program of every contender on each batch (order rotated per batch),
-    after one untimed run of each program; returns the timings.
-
-    With `journal` (a JSON file), every finished batch's times are recorded there and a rerun
-    continues after the last recorded batch (programs still warmed first), so a process that
-    XLA:CPU aborts loses one batch, not the run. Each batch is measured whole in one process."""
+def measure(trainer, contenders: list[Contender], batches: list, progress=print) -> Timings:
+    """Run every distinct program of every contender on each batch, after one untimed run of
+    each; the programs of a batch run in an order rotated from batch to batch (interleaved
+    rounds), so drift in the machine's speed reaches every program alike. Returns the timings."""
     import jax
     distinct: dict[int, dict[str, object]] = {}
     for c in contenders:
         for b, program in c.programs.items():
             distinct.setdefault(b, {})[program.plan.id] = program
-    done = _read_journal(journal, batches)
-    if done and progress:
-        progress(f"resuming after batch {len(done)}/{len(batches)} ({journal})")
     state = trainer.state_layout.init(trainer.config.train.seed)
     first = {}
-    for pb in batches[len(done):]:
+    for pb in batches:
         first.setdefault(pb.bucket, pb)
     for b, pb in first.items():  # warm: first-run effects (allocations, thread pools) untimed
         for program in distinct.get(b, {}).values():
@@ -134,47 +131,20 @@ def measure(trainer, contenders: list[Contender], batches: list, progress=print,
     lowered = trainer.compiles.lowered
     t_start = time.perf_counter()
     for i, pb in enumerate(batches):
-        if i < len(done):
-            times = done[i]["seconds"]
-        else:
-            programs = list(distinct.get(pb.bucket, {}).values())
-            k = i % max(1, len(programs))
-            times = {}
-            for program in programs[k:] + programs[:k]:
-                batch = trainer.load_batch(pb, program.plan)
-                t0 = time.perf_counter()
-                state, out = program(state, batch)
-                jax.block_until_ready(out["loss"])
-                times[program.plan.id] = time.perf_counter() - t0
-            done.append({"bucket": pb.bucket, "seconds": times})
-            _write_journal(journal, done)
-            if progress:
-                progress(f"batch {i + 1}/{len(batches)} (bucket {pb.bucket}, {len(programs)} programs) done, "
-                         f"{time.perf_counter() - t_start:.0f} s")
-        for plan_id, secs in times.items():
-            timings.seconds.setdefault((pb.bucket, plan_id), []).append(secs)
+        programs = list(distinct.get(pb.bucket, {}).values())
+        k = i % max(1, len(programs))
+        for program in programs[k:] + programs[:k]:
+            batch = trainer.load_batch(pb, program.plan)
+            t0 = time.perf_counter()
+            state, out = program(state, batch)
+            jax.block_until_ready(out["loss"])
+            timings.seconds.setdefault((pb.bucket, program.plan.id), []).append(time.perf_counter() - t0)
         timings.tokens.setdefault(pb.bucket, []).append(pb.real_tokens)
+        if progress:
+            progress(f"batch {i + 1}/{len(batches)} (bucket {pb.bucket}, {len(programs)} programs) done, "
+                     f"{time.perf_counter() - t_start:.0f} s")
     timings.compiles_after_warmup = trainer.compiles.lowered - lowered
     return timings
-
-
-def _read_journal(path: Optional[str], batches: list) -> list:
-    """The batches already measured (a prefix of `batches`, checked by bucket), else []."""
-    if not path or not os.path.exists(path):
-        return []
-    with open(path) as f:
-        done = json.load(f)
-    if len(done) > len(batches) or any(d["bucket"] != pb.bucket for d, pb in zip(done, batches)):
-        raise SystemExit(f"error: {path} records other batches than this run's; remove it to start over")
-    return done
-
-
-def _write_journal(path: Optional[str], done: list) -> None:
-    if path:
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(done, f)
-        os.replace(tmp, path)
 
 
 def oracle_over_remat(strategy: str, statics: dict[str, Contender], timings: Timings, buckets) -> Contender:
@@ -183,8 +153,10 @@ def oracle_over_remat(strategy: str, statics: dict[str, Contender], timings: Tim
     for b in buckets:
         options = [statics[f"{strategy}@{r}"] for r in REMATS]
         runnable = [o for o in options if b in o.programs and (b, o.programs[b].plan.id) in timings.seconds]
+        c.compile_s[b] = sum(o.compile_s.get(b) or 0.0 for o in options)  # it tries every policy
+        c.compiled[b] = sum(o.compiled.get(b, 0) for o in options)
         if runnable:
-            best = min(runnable, key=lambda o: sum(timings.seconds[(b, o.programs[b].plan.id)]))
+            best = min(runnable, key=lambda o: statistics.median(timings.seconds[(b, o.programs[b].plan.id)]))
             c.programs[b], c.plan_ids[b], c.bytes[b] = best.programs[b], best.plan_ids[b], best.bytes[b]
         else:
             leanest = min((o for o in options if b in o.bytes), key=lambda o: o.bytes[b], default=options[0])
@@ -198,32 +170,32 @@ def oracle_over_remat(strategy: str, statics: dict[str, Contender], timings: Tim
 
 
 def tally(c: Contender, timings: Timings, bucket_steps: dict[int, int], epoch_steps: dict[int, int]) -> dict:
-    """A contender's figures (JSON-able): over the measured batches (`total_s`, tokens/s), and
-    projected on a whole epoch (`epoch_s` = sum over buckets of the epoch's batches x the mean
-    measured step time there; None when some bucket of the epoch cannot run)."""
-    per_bucket, total_s, epoch_s = {}, 0.0, 0.0
-    run = over = infeasible = tokens = 0
+    """A contender's figures (JSON-able). Per bucket: the step-time samples with their median and
+    range, and the seconds its programs took to compile. Per epoch: sample k is the sum over
+    buckets of the epoch's batches x the k-th measured step time there (so contenders' epoch
+    samples are measured on the same batches); None when some bucket of the epoch cannot run."""
+    per_bucket = {}
+    samples = []
     for b, n in bucket_steps.items():
         row = {"plan": c.plan_ids.get(b), "bytes_per_device": c.bytes.get(b), "steps": n,
-               "epoch_steps": epoch_steps.get(b, 0), "runs": b in c.programs, "why_not": c.why_not.get(b)}
+               "epoch_steps": epoch_steps.get(b, 0), "runs": b in c.programs, "why_not": c.why_not.get(b),
+               "compile_s": c.compile_s.get(b), "programs_compiled": c.compiled.get(b, 0)}
         secs = timings.seconds.get((b, c.programs[b].plan.id), []) if b in c.programs else []
         if secs:
             tok = sum(timings.tokens.get(b, []))
-            row.update(seconds=sum(secs), tokens=tok, tokens_per_s=tok / sum(secs), step_s=sum(secs) / len(secs))
-            run, total_s, tokens = run + n, total_s + sum(secs), tokens + tok
-            if epoch_s is not None:
-                epoch_s += epoch_steps.get(b, 0) * row["step_s"]
-        elif epoch_steps.get(b, 0) or n:
-            epoch_s = None if epoch_s is None or epoch_steps.get(b, 0) else epoch_s
-            if b in c.infeasible:
-                infeasible += n
-            else:
-                over += n
+            row.update(seconds=secs, tokens_per_s=tok / sum(secs), step_s=statistics.median(secs),
+                       step_s_range=[min(secs), max(secs)])
+            samples.append((epoch_steps.get(b, 0), secs))
         per_bucket[str(b)] = row
     cannot = sum(epoch_steps.get(b, 0) for b in bucket_steps if b not in c.programs)
-    return {"steps_run": run, "steps_over_budget": over, "steps_infeasible": infeasible,
-            "tokens_per_s": tokens / total_s if total_s else 0.0, "total_s": total_s, "tokens": tokens,
-            "epoch_s": epoch_s if not cannot else None, "epoch_steps_cannot_run": cannot, "per_bucket": per_bucket}
+    epochs = None
+    if not cannot and samples:
+        k = min(len(secs) for _, secs in samples)
+        epochs = [sum(n * secs[i] for n, secs in samples) for i in range(k)]
+    compile_s = sum(v for v in c.compile_s.values() if v)
+    return {"epoch_s": statistics.median(epochs) if epochs else None, "epoch_samples_s": epochs,
+            "epoch_s_range": [min(epochs), max(epochs)] if epochs else None, "epoch_steps_cannot_run": cannot,
+            "programs_compiled": sum(c.compiled.values()), "compile_s": compile_s, "per_bucket": per_bucket}
 
 
 def fits_at(trainer, plan, seq_len: int) -> bool:

@@ -204,9 +204,8 @@ def main() -> None:
     ratio = d["data_tokens_per_s"] / t["step_tokens_per_s"]
     print(f"\ndata path / training step: {ratio:.0f}x the tokens/s the tiny model consumes")
     results["data_over_step"] = ratio
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as f:
-        json.dump(results, f, indent=1)
+    from benchmarks.results_io import write_json
+    write_json(RESULTS, results)
     print(f"wrote {RESULTS}")
 
 

@@ -1,32 +1,32 @@
 """Headline benchmark: `auto` against every static strategy at every remat policy, on one mixed-length batch sequence.
 
 Contenders (benchmarks/contenders.py): `auto`; `S@R` for every strategy S and remat policy R
-(one fixed plan for all buckets); `S@best` (per bucket the fastest measured remat policy of S).
-All share one trainer (config, data, seed, budget, compile cache); every program is compiled
-ahead of time, a program over the per-device budget by XLA's figure cannot run (on CPU this
-stands in for out-of-memory), and so cannot a strategy that cannot serve a bucket's shape.
+(one fixed plan for all buckets); `S@best` (per bucket the fastest measured remat policy of S,
+an oracle). All share one trainer (config, data, seed, budget, compile cache); every program is
+compiled ahead of time, a program over the per-device budget by XLA's figure cannot run (on CPU
+this stands in for out-of-memory), and so cannot a strategy that cannot serve a bucket's shape.
 
-The batches: the first --per-bucket batches of every bucket of the first epoch, in the epoch's
-order (which interleaves the buckets, `dysejax.data.order`). Every distinct program runs once
-per batch, in an order rotated per batch, after one untimed run each. With a token budget per
-batch, long documents carry most batches (on GitHubCode lengths ~90% are in the largest
-bucket), so totals are projected on the whole epoch: epoch time = sum over buckets of the
-epoch's batches x the mean measured step time there.
+The batches: the first --per-bucket (at least 3) batches of every bucket, in the epoch's order
+(later epochs when an epoch holds fewer). Every distinct program runs once on each batch, in an
+order rotated from batch to batch (interleaved rounds), after one untimed run each. Totals are
+projected on the whole epoch: epoch sample k = sum over buckets of the epoch's batches x the
+k-th step time measured there, so every contender's k-th epoch sample comes from the same
+batches; figures are the median with the min-max over the samples. A ratio whose ranges
+overlap is reported as a tie.
 
-Reported per contender: epoch time (None when some bucket cannot run), step time per bucket,
-plan, max trainable length (powers of two from the largest bucket, XLA's figure). Then: the
-best complete static (the `S@R` with the least epoch time that runs every bucket), auto's
-speed-up over it, per-bucket regret (auto's step time against the fastest static that runs
-that bucket), and METP's max length against tp_sp's. The time model is checked on the same
-runs: every program's predicted step time against its measured one, marked held out where the
-calibration `auto` used timed none of its plan's options at that length (`--time-model-of`
-adds this to the JSON of an earlier run without measuring again).
+Overheads are reported per contender: programs compiled and their compile seconds per bucket;
+for `auto` also the cost model's calibration on these devices (memory fit to XLA, layer times)
+and the plan search, as seconds and amortised over the epoch (epoch + overheads).
+
+--negative runs the case where every batch needs the longest bucket's plan (the data packed
+into the largest bucket only): `auto` should then tie the best fixed plan.
 
 On CPU the simulated devices share the cores: absolute speed means little; the ratios of one
 run are the point. The script runs unchanged on a GPU.
 
 Usage: python benchmarks/dynamic_lengths.py [--config configs/dynamic.yaml] [--budget-gb X]
-       [--data stdlib|githubcode|grch38] [--per-bucket K] [--quick] [--json OUT] [--png OUT]
+       [--data stdlib|githubcode|grch38] [--negative] [--per-bucket K] [--no-max-len]
+       [--workdir DIR] [--json OUT] [--png OUT]
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -44,47 +45,73 @@ from results_io import write_json  # noqa: E402
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "dynamic.yaml")
 
 
-def overrides(args) -> list[str]:
+MIN_SAMPLES = 3
+
+
+def overrides(args, buckets) -> list[str]:
     out = [f"parallel.memory_budget_gb={args.budget_gb}"] if args.budget_gb is not None else []
     if args.data != "stdlib":
         out += ["data.source=synthetic", f"data.synthetic.distribution={args.data}",
                 f"data.synthetic.num_docs={args.num_docs}", "data.synthetic.max_len=65536"]
+    if args.negative:  # every document packed into (or split to) the longest bucket
+        out += [f"data.buckets=[{max(buckets)}]"]
     return out
 
 
 def choose_batches(data, per_bucket: int) -> tuple[list, dict[int, int]]:
-    """The first `per_bucket` batches of every bucket in epoch 0, in the epoch's order, and the
-    epoch's batch count per bucket (what `epoch_s` weights the measured step times with)."""
-    plans = data.epoch_plans(0)
-    epoch = {b: sum(p.bucket == b for p in plans) for b in data.buckets}
+    """The first `per_bucket` batches of every bucket, in the order of epoch 0 (then of epoch 1,
+    ... for a bucket with fewer batches in an epoch), and epoch 0's batch count per bucket (what
+    the epoch figures weight the measured step times with)."""
+    epoch = {b: sum(p.bucket == b for p in data.epoch_plans(0)) for b in data.buckets}
     taken = dict.fromkeys(data.buckets, 0)
     out = []
-    for p in plans:
-        if taken[p.bucket] < per_bucket:
-            out.append(p)
-            taken[p.bucket] += 1
+    for e in range(64):
+        for p in data.epoch_plans(e):
+            if taken[p.bucket] < per_bucket:
+                out.append(p)
+                taken[p.bucket] += 1
+        if all(n >= per_bucket for b, n in taken.items() if epoch[b]):
+            break
     return out, epoch
 
 
+def ratio(slow: dict, fast: dict) -> dict:
+    """slow / fast epoch time: the median ratio, its range over the samples (slowest of one
+    against fastest of the other, both ways), and whether the ranges are apart (else a tie)."""
+    (s_med, s_lo, s_hi), (f_med, f_lo, f_hi) = ((r["epoch_s"], *r["epoch_s_range"]) for r in (slow, fast))
+    return {"median": s_med / f_med, "range": [s_lo / f_hi, s_hi / f_lo], "apart": s_lo > f_hi or f_lo > s_hi}
+
+
+def with_overheads(row: dict, seconds: float) -> dict:
+    """A contender's epoch figures with `seconds` of overheads added to every sample."""
+    return dict(row, epoch_s=row["epoch_s"] + seconds, epoch_s_range=[x + seconds for x in row["epoch_s_range"]])
+
+
 def summarise(result: dict, statics: list[str]) -> None:
-    """Best complete static, auto's speed-up over it (on the epoch), per-bucket regret (in place).
+    """Best complete static, auto's speed-up over it (median, range, tie or not; with and without
+    overheads: compiles for both, auto's calibration and search for auto), and per-bucket regret
+    on medians (in place).
 
     A contender is complete when it can run every batch of the epoch; the best complete static
-    is the complete `S@R` with the least epoch time."""
+    is the complete `S@R` with the least median epoch time."""
     c = result["contenders"]
 
     def best_of(names):
         complete = [n for n in names if c[n]["epoch_s"] is not None]
         return min(complete, key=lambda n: c[n]["epoch_s"]) if complete else None, complete
 
-    auto = c["auto"]["epoch_s"]
+    auto = c["auto"]
     best, complete = best_of(statics)
     result["best_complete_static"] = best
     result["complete_statics"] = sorted(complete, key=lambda n: c[n]["epoch_s"])
-    result["auto_speedup_vs_best_complete_static"] = c[best]["epoch_s"] / auto if best and auto else None
+    result["auto_vs_best_complete_static"] = ratio(c[best], auto) if best and auto["epoch_s"] else None
+    if best and auto["epoch_s"]:
+        planning = sum(result["auto_overheads"].values())
+        result["auto_vs_best_complete_static_with_overheads"] = ratio(
+            with_overheads(c[best], c[best]["compile_s"]), with_overheads(auto, auto["compile_s"] + planning))
     best_oracle, _ = best_of([n for n in c if n.endswith("@best")])
     result["best_complete_strategy_at_best_remat"] = best_oracle
-    result["auto_speedup_vs_best_strategy_at_best_remat"] = c[best_oracle]["epoch_s"] / auto if best_oracle and auto \
+    result["auto_vs_best_strategy_at_best_remat"] = ratio(c[best_oracle], auto) if best_oracle and auto["epoch_s"] \
         else None
     regret = {}
     for b, n in result["bucket_steps"].items():
@@ -100,17 +127,6 @@ def summarise(result: dict, statics: list[str]) -> None:
         regret[b] = {"auto_plan": rows["auto"]["plan"], "auto_step_s": ran["auto"], "fastest": fastest,
                      "fastest_step_s": ran[fastest], "regret": ran["auto"] / ref - 1}
     result["regret"] = regret
-
-
-def plan_from_id(plan_id: str, n_layers: int):
-    """The Plan a plan id names (`ulysses`, `ulysses:4@dots`, `tp_sp:2,metp:2@full`)."""
-    from sharding.plan import Plan, Run
-    runs = []
-    for part in plan_id.split(","):
-        head, _, remat = part.partition("@")
-        strategy, _, n = head.partition(":")
-        runs.append(Run(strategy, int(n) if n else n_layers, remat or None))
-    return Plan(tuple(runs))
 
 
 def time_model(trainer, result: dict) -> None:
@@ -131,7 +147,7 @@ def time_model(trainer, result: dict) -> None:
                 programs.setdefault((b, row["plan"]), row["step_s"])
     rows, per_strategy = [], {}
     for (b, pid), measured in sorted(programs.items(), key=lambda kv: (int(kv[0][0]), kv[0][1])):
-        plan = plan_from_id(pid, trainer.config.model.n_layers)
+        plan = planner.parse(pid)
         s = int(b)
         _, predicted = planner.predict(s, trainer.data.batch_size(s), plan)
         fitted = any(s in timed_at.get(f"{run.strategy}@{run.remat or default}", ()) for run in plan.runs)
@@ -165,32 +181,54 @@ def max_lengths(trainer, result: dict, cap: int) -> None:
     result["auto_vs_tp_sp_max_len"] = length / tp_sp if tp_sp else None
 
 
+def _cell(row: dict) -> str:
+    if not row.get("step_s"):
+        return "—"
+    lo, hi = row["step_s_range"]
+    return f"{row['step_s']:.2f} [{lo:.2f}-{hi:.2f}]"
+
+
+def _ratio_text(r: Optional[dict]) -> str:
+    if not r:
+        return "n/a"
+    lo, hi = r["range"]
+    return f"{r['median']:.3f}x (range {lo:.3f}-{hi:.3f}{'' if r['apart'] else ', ranges overlap: a tie'})"
+
+
 def print_table(result: dict) -> None:
     c = result["contenders"]
     buckets = [b for b, n in result["bucket_steps"].items() if n]
     print(f"\n{result['devices']} x {result['platform']}, budget {result['budget_bytes'] / 2**20:.0f} MiB/device, "
-          f"data {result['data']}; measured {result['bucket_steps']} batches per bucket, epoch "
-          f"{result['epoch_bucket_steps']}; seconds per step per bucket, epoch = sum of epoch batches x step")
-    head = f"{'contender':<13} {'epoch s':>9} {'cannot':>6} "
-    print(head + " ".join(f"{b:>8}" for b in buckets) + f" {'plan at ' + buckets[-1]:>22} {'max len':>8}")
+          f"data {result['data']}{' (negative case: every batch in the longest bucket)' if result['negative'] else ''}"
+          f"; measured {result['bucket_steps']} batches per bucket, epoch {result['epoch_bucket_steps']}; "
+          "seconds per step: median [min-max]; epoch = sum of epoch batches x step")
+    width = max(22, *(len(_cell(r["per_bucket"][b])) for r in c.values() for b in buckets))
+    print(f"{'contender':<17} {'epoch s median [min-max]':>27} {'compile s':>9} " + " ".join(f"{b:>{width}}" for b in buckets)
+          + f" {'max len':>8}")
     key = lambda n: (c[n]["epoch_s"] is None, c[n]["epoch_s"] or 0, c[n]["epoch_steps_cannot_run"])  # noqa: E731
     for name in ["auto"] + sorted((n for n in c if n != "auto"), key=key):
         r = c[name]
-        cells = [f"{r['per_bucket'][b]['step_s']:8.2f}" if r["per_bucket"][b].get("step_s") else f"{'—':>8}"
-                 for b in buckets]
         ml = r.get("max_len")
         ml = "" if ml is None else ((">=" if r.get("max_len_capped") else "") + str(ml))
-        epoch = f"{r['epoch_s']:9.0f}" if r["epoch_s"] is not None else f"{'—':>9}"
-        print(f"{name:<13} {epoch} {r['epoch_steps_cannot_run']:>6} " + " ".join(cells)
-              + f" {str(r['per_bucket'][buckets[-1]]['plan']):>22} {ml:>8}")
+        epoch = (f"{r['epoch_s']:.0f} [{r['epoch_s_range'][0]:.0f}-{r['epoch_s_range'][1]:.0f}]"
+                 if r["epoch_s"] is not None else f"— ({r['epoch_steps_cannot_run']} batches cannot run)")
+        print(f"{name:<17} {epoch:>27} {r['compile_s']:9.0f} "
+              + " ".join(f"{_cell(r['per_bucket'][b]):>{width}}" for b in buckets) + f" {ml:>8}")
     print("auto's plan per bucket: " + ", ".join(f"{b}: {c['auto']['per_bucket'][b]['plan']}" for b in buckets))
-    best, sp = result["best_complete_static"], result["auto_speedup_vs_best_complete_static"]
+    o = result["auto_overheads"]
+    print(f"auto's overheads: calibration {o['calibrate_memory_s']:.0f} s (memory) + {o['calibrate_time_s']:.0f} s "
+          f"(layer times), search {o['search_s']:.2f} s; programs compiled: auto {c['auto']['programs_compiled']} "
+          f"({c['auto']['compile_s']:.0f} s)")
+    best = result["best_complete_static"]
     print(f"best complete static: {best or 'none runs every batch'}"
-          + (f"; its epoch time / auto's = {sp:.3f}" if sp else ""))
-    bo, spo = result["best_complete_strategy_at_best_remat"], result["auto_speedup_vs_best_strategy_at_best_remat"]
-    if bo and spo:
-        print(f"best complete strategy at its best remat per bucket: {bo}; its epoch time / auto's = {spo:.3f}")
-    print("per-bucket regret (auto's step time / the fastest static's there - 1): " + ", ".join(
+          + (f"; its epoch time / auto's = {_ratio_text(result['auto_vs_best_complete_static'])}; with overheads "
+             f"(compiles; auto's calibration and search) {_ratio_text(result['auto_vs_best_complete_static_with_overheads'])}"
+             if result.get("auto_vs_best_complete_static") else ""))
+    bo = result["best_complete_strategy_at_best_remat"]
+    if bo and result.get("auto_vs_best_strategy_at_best_remat"):
+        print(f"best complete strategy at its best remat per bucket (an oracle): {bo}; its epoch time / auto's = "
+              f"{_ratio_text(result['auto_vs_best_strategy_at_best_remat'])}")
+    print("per-bucket regret (auto's median step / the fastest static's median there - 1): " + ", ".join(
         f"{b}: {r['regret']:+.1%} ({r['fastest']})" if r["regret"] is not None else f"{b}: auto cannot run"
         for b, r in result["regret"].items()))
     if result.get("metp_vs_tp_sp_max_len"):
@@ -257,61 +295,42 @@ def _check_map_count() -> None:
                  f"{MIN_MAP_COUNT}: run `sudo sysctl -w vm.max_map_count={MIN_MAP_COUNT}` and start it again")
 
 
-def _supervise(argv: list, attempts: int) -> None:
-    """Run the benchmark in a child process, again if XLA:CPU aborts it (8 simulated devices on
-    a few cores still deadlock now and then, see `dysejax.runtime.CPU_FLAGS`); a rerun reuses the
-    compile cache, the calibrations and the batches already measured."""
-    import subprocess
-    import tempfile
-    if "--workdir" not in argv:
-        argv = argv + ["--workdir", tempfile.mkdtemp(prefix="dynamic_lengths_")]
-    workdir = argv[argv.index("--workdir") + 1]
-    # the attempts of this invocation share one timings journal: a retry measures only the
-    # batches its predecessor did not finish
-    if "--journal" not in argv:
-        argv = argv + ["--journal", os.path.join(os.path.abspath(workdir),
-                                                 f"timings-{time.strftime('%Y%m%d-%H%M%S')}.json")]
-    rc = 0
-    for attempt in range(1, attempts + 1):
-        rc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--worker"]).returncode
-        if rc == 0:
-            return
-        print(f"attempt {attempt}: the benchmark process exited with {rc}"
-              + ("; retrying" if attempt < attempts else ""), flush=True)
-    sys.exit(rc)
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=CONFIG)
     ap.add_argument("--budget-gb", type=float, help="per-device budget in GiB (default: the config's)")
     ap.add_argument("--data", default="stdlib", choices=("stdlib", "githubcode", "grch38"))
     ap.add_argument("--num-docs", type=int, default=400, help="synthetic documents (--data githubcode/grch38)")
-    ap.add_argument("--per-bucket", type=int, help="batches of every bucket (default 2; 1 with --quick)")
-    ap.add_argument("--quick", action="store_true", help="one batch per bucket, max lengths on powers of two")
+    ap.add_argument("--negative", action="store_true", help="every batch in the longest bucket (auto should tie)")
+    ap.add_argument("--per-bucket", type=int, default=MIN_SAMPLES,
+                    help=f"batches timed per bucket (at least {MIN_SAMPLES})")
     ap.add_argument("--max-len-cap", type=int, default=262144,
                     help="largest length the max-length search tries (found at the cap: reported as >=)")
     ap.add_argument("--no-max-len", action="store_true", help="skip the max-length search")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"{MIN_SAMPLES} batches per bucket and no max-length search (same samples rule)")
     ap.add_argument("--workdir", help="compile cache and cost-model calibration (default: a fresh temporary "
-                    "folder); reuse one to skip compiles and calibration on a rerun")
+                    "folder, so calibration and compiles are measured; reuse one to skip them on a rerun)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--png", help="write the plot here (default: next to --json)")
     ap.add_argument("--time-model-of", metavar="JSON", help="add the time-model check to this result file of "
                     "an earlier run (same --config/--budget-gb/--data/--workdir; nothing is measured again)")
-    ap.add_argument("--attempts", type=int, default=5, help=argparse.SUPPRESS)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--journal", help="record measured batches here and resume after those it holds "
-                    "(default: a new file in the workdir per invocation)")
     args = ap.parse_args(argv)
-    if not args.worker:
-        _check_map_count()
-        return _supervise(sys.argv[1:] if argv is None else list(argv), args.attempts)
+    if args.quick:
+        args.per_bucket, args.no_max_len = MIN_SAMPLES, True
+    if args.per_bucket < MIN_SAMPLES:
+        sys.exit(f"error: --per-bucket {args.per_bucket}: a figure needs at least {MIN_SAMPLES} samples per bucket")
+    _check_map_count()
+
+    import tempfile
 
     import dysejax
     from dysejax import runtime
 
-    work = os.path.abspath(args.workdir)
-    cfg = dysejax.load_config(args.config, overrides(args) + [
+    work = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="dynamic_lengths_"))
+    fresh = not os.path.exists(os.path.join(work, "costmodel"))
+    buckets = dysejax.load_config(args.config).data.buckets
+    cfg = dysejax.load_config(args.config, overrides(args, buckets) + [
         "parallel.plan=auto", f"train.compile_cache_dir={os.path.join(work, 'jax_cache')}",
         f"parallel.costmodel_dir={os.path.join(work, 'costmodel')}"])
     runtime.configure_host_devices(cfg.parallel.cpu_devices)
@@ -328,9 +347,7 @@ def main(argv=None) -> None:
         print_table(result)
         write_json(args.time_model_of, result)
         return
-    t0 = time.perf_counter()
-    auto = build_auto(trainer)  # plans (and, with profile_time, times layers) then compiles
-    planning_s = time.perf_counter() - t0
+    auto = build_auto(trainer)  # the planner calibrated and searched inside Trainer(); this compiles
     statics = {}
     for s in STATIC:
         for r in REMATS:
@@ -340,20 +357,22 @@ def main(argv=None) -> None:
                 f"{b}:{c.bytes[b] / 2**20:.0f}M{'' if b in c.programs else '(over)'}" if b in c.bytes else f"{b}:—"
                 for b in trainer.data.buckets), flush=True)
     print("auto: " + "  ".join(f"{b}:{auto.plan_ids[b]}={auto.bytes[b] / 2**20:.0f}M" for b in trainer.data.buckets))
-    per_bucket = args.per_bucket or (1 if args.quick else 2)
-    batches, epoch_steps = choose_batches(trainer.data, per_bucket)
+    batches, epoch_steps = choose_batches(trainer.data, args.per_bucket)
     bucket_steps = {b: sum(p.bucket == b for p in batches) for b in trainer.data.buckets}
     print(f"{len(batches)} batches, per bucket {bucket_steps}; the epoch has {epoch_steps}", flush=True)
-    timings = measure(trainer, [auto, *statics.values()], batches, journal=args.journal)
+    timings = measure(trainer, [auto, *statics.values()], batches)
     oracles = {f"{s}@best": oracle_over_remat(s, statics, timings, trainer.data.buckets) for s in STATIC}
     every = {"auto": auto, **statics, **oracles}
-    result = {"budget_bytes": int(trainer.budget), "data": args.data, "config": os.path.relpath(args.config),
-              "quick": bool(args.quick), "devices": jax.device_count(), "platform": jax.devices()[0].platform,
-              "buckets": trainer.data.buckets, "batch_sizes": trainer.data.batch_sizes,
-              "bucket_steps": {str(b): n for b, n in bucket_steps.items()},
+    result = {"budget_bytes": int(trainer.budget), "data": args.data, "negative": args.negative,
+              "config": os.path.relpath(args.config), "devices": jax.device_count(),
+              "platform": jax.devices()[0].platform, "buckets": trainer.data.buckets,
+              "batch_sizes": trainer.data.batch_sizes, "bucket_steps": {str(b): n for b, n in bucket_steps.items()},
               "epoch_bucket_steps": {str(b): n for b, n in epoch_steps.items()},
-              "planning_s": planning_s, "compiles_after_warmup": timings.compiles_after_warmup,
+              "fresh_workdir": fresh, "auto_overheads": dict(trainer.planner.overheads),
+              "compiles_after_warmup": timings.compiles_after_warmup,
               "contenders": {name: tally(c, timings, bucket_steps, epoch_steps) for name, c in every.items()}}
+    if args.json:  # the measurements are safe before anything is derived from them
+        write_json(args.json, result)
     summarise(result, list(statics))
     time_model(trainer, result)
     if not args.no_max_len:

@@ -1,6 +1,6 @@
 """Fit the shipped CPU calibration (costmodel/calibrations/cpu.json) on 8 simulated devices.
 
-`parallel.plan: auto` on CPU prices plans with the calibration fitted in WORKDIR/costmodel when
+`parallel.plan: auto` on CPU prices plans with the calibration fitted in `parallel.costmodel_dir` (default ~/.cache/dysejax/costmodel) when
 there is one, else with this one: the time model's device rates fitted to real layer programs of
 a small model (every strategy under every remat policy, lengths 64..2048) timed on this machine,
 and the shipped memory coefficients. Terms the samples cannot determine keep the previous

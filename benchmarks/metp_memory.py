@@ -17,7 +17,6 @@ GPU/TPU.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -105,9 +104,9 @@ def main(argv=None) -> int:
               f"{o['mlp_min_local_tokens']:.0f}, attention needs s/p >= {o['attention_min_local_len']:.0f} "
               f"(s >= {o['min_seq_len_p8']:.0f} at p=8)")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"model": {"d_model": 1024, "n_heads": 16, "d_ff": 4096, "dtype": "float32", "batch": 1},
-                       "ram_bytes": RAM_BYTES, "rows": rows, "overlap": overlap}, f, indent=2)
+        from benchmarks.results_io import write_json
+        write_json(args.json, {"model": {"d_model": 1024, "n_heads": 16, "d_ff": 4096, "dtype": "float32",
+                                         "batch": 1}, "ram_bytes": RAM_BYTES, "rows": rows, "overlap": overlap})
     return 0
 
 

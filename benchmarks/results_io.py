@@ -1,10 +1,56 @@
-"""What every benchmark does with its results: write them as JSON (creating the folder)."""
+"""What every benchmark does with its results: write them as JSON with their provenance.
+
+`write_json` is the one place results are written: each file records where it came from (the
+commit and whether the tree had uncommitted changes, the JAX, jaxlib and Python versions, the
+platform, the devices and the command line), so a figure can be traced and re-run.
+"""
 import json
 import os
+import platform
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def provenance() -> dict:
+    """Commit, dirty flag, versions, platform, devices and command line of this process."""
+    out = {"commit": _git("rev-parse", "HEAD") or None,
+           "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+           "python": platform.python_version(), "platform": platform.platform(), "machine": platform.machine(),
+           "cpu_count": os.cpu_count(), "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+           if sys.argv and sys.argv[0] else None,
+           "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if "jax" in sys.modules:  # a benchmark that never imported JAX does not start it here
+        import jax
+        import jaxlib
+        out.update(jax=jax.__version__, jaxlib=jaxlib.__version__, device_count=jax.device_count(),
+                   device_kind=jax.devices()[0].device_kind, backend=jax.default_backend(),
+                   xla_flags=os.environ.get("XLA_FLAGS", ""))
+    return out
 
 
 def write_json(path: str, result) -> None:
-    """Write `result` to `path` as indented JSON."""
+    """Write `result` (a dict) to `path` as indented JSON, with its `provenance`."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as fh:
-        json.dump(result, fh, indent=1)
+    if isinstance(result, dict):
+        result = {**result, "provenance": provenance()}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(result, fh, indent=1, default=_plain)
+    os.replace(tmp, path)
+
+
+def _plain(value):
+    """NumPy scalars and arrays as JSON numbers and lists."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")

@@ -12,7 +12,6 @@ tests/oracles/.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -271,9 +270,9 @@ def main(argv=None):
           "* = Megatron configuration does not fit")
     print(f"\n(total {time.time() - t_start:.0f} s)")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"note": NOTE, "heuristic_gap": gap, "dp_vs_milp": agree, "search_times": times,
-                       "redundancy_ilp": red, "ptip": pipe}, f, indent=1, default=float)
+        from benchmarks.results_io import write_json
+        write_json(args.json, {"note": NOTE, "heuristic_gap": gap, "dp_vs_milp": agree, "search_times": times,
+                               "redundancy_ilp": red, "ptip": pipe})
         print(f"wrote {args.json}")
 
 

@@ -133,8 +133,8 @@ def main(argv=None) -> int:
     for name, value in rows:
         print(f"{name:44s} {value:10.3f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        from benchmarks.results_io import write_json
+        write_json(args.json, result)
     return 0
 
 

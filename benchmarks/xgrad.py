@@ -21,7 +21,6 @@ devices sharing the host's cores: only ratios measured in one run mean something
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -519,8 +518,8 @@ def main(argv=None) -> int:
     out += ["", f"total {results['total_s']:.0f} s"]
     print("\n".join(out))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+        from benchmarks.results_io import write_json
+        write_json(args.json, results)
     return 0
 
 

@@ -4,7 +4,7 @@ It holds the time model's device rates (`TimeCoefficients`, fitted by `costmodel
 derived from a vendor profile), the memory model's corrections fitted against XLA, and
 optionally one model's measured layer times per option (`OptionTimes`), which correct the
 time model's prediction per strategy and remat policy for that model's layer shape. Cached per
-device kind and mesh shape in a directory (the trainer passes WORKDIR/costmodel):
+device kind and mesh shape in a directory (the trainer passes `parallel.costmodel_dir`, default ~/.cache/dysejax/costmodel):
 
     DIR/<device-kind>__<axis>=<size>_...json
 """

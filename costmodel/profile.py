@@ -392,8 +392,9 @@ def calibrate_time_for(cal: Calibration, mesh, spec: BlockSpec, jobs: Mapping[tu
 
 
 def _model_cache_path(directory: Optional[str], what: str, mesh, spec: BlockSpec, shapes, remats) -> Optional[str]:
-    """Where a per-model fit's samples live: per device kind, mesh, layer shape, shapes, remats;
-    measured times also per runtime setting (XLA_FLAGS, NPROC: the threads of XLA:CPU's pools
+    """Where a per-model fit's samples live: per device kind, mesh, layer shape, shapes, remats
+    and `code_version` (a cache in a shared folder is never read by other code); measured times
+    also per runtime setting (XLA_FLAGS, NPROC: the threads of XLA:CPU's pools
     change step times, and a headline run once priced plans with times measured before such a
     change)."""
     import hashlib
@@ -401,12 +402,37 @@ def _model_cache_path(directory: Optional[str], what: str, mesh, spec: BlockSpec
     if not directory:
         return None
     mesh_shape = {a: int(n) for a, n in mesh.shape.items()}
-    parts = [asdict(spec), sorted(mesh_shape.items()), sorted(shapes), list(remats)]
+    parts = [asdict(spec), sorted(mesh_shape.items()), sorted(shapes), list(remats), code_version()]
     if what == "layer-times":
         parts.append([os.environ.get("XLA_FLAGS", ""), os.environ.get("NPROC", "")])
     key = json.dumps(parts, sort_keys=True)
     digest = hashlib.sha1(key.encode()).hexdigest()[:12]
     return cache_path(directory, device_kind_of(mesh), mesh_shape).replace(".json", f"__{what}-{digest}.json")
+
+
+def code_version() -> list[str]:
+    """What the compiled programs depend on besides the model: JAX's and jaxlib's versions and a
+    digest of the `sharding` and `costmodel` sources (computed once per process)."""
+    global _code_version
+    if _code_version is None:
+        import hashlib
+
+        import jax
+        import jaxlib
+
+        import sharding
+        digest = hashlib.sha1()
+        for package in (os.path.dirname(sharding.__file__), os.path.dirname(os.path.abspath(__file__))):
+            for root, dirs, files in sorted(os.walk(package)):
+                dirs.sort()
+                for name in sorted(f for f in files if f.endswith(".py")):
+                    with open(os.path.join(root, name), "rb") as fh:
+                        digest.update(name.encode() + fh.read())
+        _code_version = [jax.__version__, jaxlib.__version__, digest.hexdigest()[:12]]
+    return _code_version
+
+
+_code_version: Optional[list[str]] = None
 
 
 def _read_json(path: Optional[str]):

@@ -8,7 +8,7 @@ optimum, the optimum under tighter budgets (a prediction that is too low for the
 caught by the next), and the leanest plan last.
 
 The figures are predictions for `parallel.hardware`: the devices here (a GPU by its profile;
-on CPU the calibration `costmodel.profile` fitted in WORKDIR/costmodel, else the shipped one)
+on CPU the calibration `costmodel.profile` fitted in `parallel.costmodel_dir`, else the shipped one)
 or a named GPU profile, to plan a cluster that is not here.
 """
 from __future__ import annotations

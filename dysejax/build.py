@@ -101,7 +101,7 @@ def build(config: Config, workdir: Optional[str] = None, verbose: bool = True) -
         budget = runtime.memory_budget_bytes(config.parallel.memory_budget_gb, config.parallel.memory_headroom)
         state_layout = StateLayout(config.model, optimizer, StorageLayout(mesh))
         planner = Planner(config, mesh, spec, pipeline, data, budget, state_layout.bytes_per_device(),
-                          config.parallel.costmodel_dir or os.path.join(workdir, "costmodel"), log,
+                          config.parallel.costmodel_dir or runtime.user_cache_dir("costmodel"), log,
                           show_progress=verbose and writer)
     except UserError:
         if created is not None and writer:

@@ -12,15 +12,17 @@ from typing import Any, Optional
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from dysejax.errors import CheckpointError
+from dysejax.glob_safe import glob_safe, real_paths
 
 # Metadata fields that must match for a checkpoint to restore into the configured model.
 COMPATIBLE_FIELDS = ("model",)
 
 
 def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
+    text = real_paths(" ".join(str(e).split()))
     return (text[:200] + "...") if len(text) > 200 else text
 
 
@@ -52,7 +54,7 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                enable_async_checkpointing=async_save)
         self.manager = ocp.CheckpointManager(
-            self.directory, options=options,
+            glob_safe(self.directory, create=True), options=options,
             item_handlers={"state": _state_handler(), "data": ocp.JsonCheckpointHandler(),
                            "meta": ocp.JsonCheckpointHandler()})
 
@@ -115,23 +117,27 @@ class Checkpointer:
 
 # -- parameters alone (imported models; `train.init_from`) ------------------------------------
 def save_params(path: str, params) -> None:
-    """Write a parameter tree (numpy or jax arrays) as an orbax checkpoint at `path`."""
+    """Write a parameter tree (numpy or jax arrays) as an orbax checkpoint at `path` (its folder
+    name without glob syntax; the folders above it may have any)."""
+    path = os.path.abspath(path)
     ckpt = ocp.StandardCheckpointer()
-    ckpt.save(os.path.abspath(path), params)
+    ckpt.save(os.path.join(glob_safe(os.path.dirname(path), create=True), os.path.basename(path)), params)
     ckpt.wait_until_finished()
 
 
 def read_numpy(path: str):
     """Every array of an orbax checkpoint at `path` as host numpy arrays (any saving mesh)."""
-    ckpt = ocp.PyTreeCheckpointer()
+    # the item's own handler: a checkpoint's state folder has no step metadata of its own
+    handler = ocp.PyTreeCheckpointHandler()
     try:
-        meta = ckpt.metadata(os.path.abspath(path))
-        tree = meta.item_metadata.tree if hasattr(meta, "item_metadata") else meta
-        args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-        return ckpt.restore(os.path.abspath(path), restore_args=args)
+        where = epath.Path(glob_safe(path))
+        args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), handler.metadata(where).tree)
+        return handler.restore(where, args=ocp.args.PyTreeRestore(restore_args=args))
     except Exception as e:
         raise CheckpointError(f"{path} is not a readable orbax checkpoint ({_one_line(e)}): point at the folder "
                               "`python -m dysejax.hf import` wrote, or a checkpoint's state folder") from None
+    finally:
+        handler.close()
 
 
 def restore_params(path: str, abstract_params):
@@ -139,7 +145,7 @@ def restore_params(path: str, abstract_params):
     CheckpointError when they do not fit the model."""
     want = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
     try:
-        meta = ocp.StandardCheckpointer().metadata(os.path.abspath(path))
+        meta = ocp.StandardCheckpointer().metadata(glob_safe(path))
         tree = meta.item_metadata.tree if hasattr(meta, "item_metadata") else meta
     except Exception as e:
         raise CheckpointError(f"train.init_from {path!r} is not a readable parameter checkpoint "
@@ -152,4 +158,4 @@ def restore_params(path: str, abstract_params):
             raise CheckpointError(f"train.init_from {path!r}: parameter {jax.tree_util.keystr(p)} is {got}, the "
                                   f"model needs {tuple(a.shape)} {np.dtype(a.dtype).name}: use the config the "
                                   "import wrote, or another init_from")
-    return ocp.StandardCheckpointer().restore(os.path.abspath(path), abstract_params)
+    return ocp.StandardCheckpointer().restore(glob_safe(path), abstract_params)

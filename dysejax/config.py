@@ -43,7 +43,7 @@ class ModelConfig:
     d_ff: Optional[int] = None  # default 4 * d_model (plain) or 8/3 * d_model rounded (gated)
     vocab_size: int = 264
     mlp: Literal["gated", "plain"] = "gated"
-    activation: Literal["silu", "gelu", "relu"] = "silu"
+    activation: Literal["silu", "gelu", "gelu_exact", "relu"] = "silu"  # gelu: tanh form; gelu_exact: erf
     tie_embeddings: bool = True
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
@@ -180,10 +180,12 @@ class ParallelConfig:
     cpu_devices: int = 8  # simulated CPU devices when JAX would otherwise see only one
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     # what `plan: auto` and `--plan` predict for: auto (these devices: a GPU profile by name, on
-    # CPU the calibration in WORKDIR/costmodel or the shipped one) or a profile name (a100-80gb,
+    # CPU the calibration in costmodel_dir or the shipped one) or a profile name (a100-80gb,
     # h100, h200) to plan a GPU cluster from a laptop
     hardware: str = "auto"
-    costmodel_dir: Optional[str] = None  # fitted cost-model calibrations (default WORKDIR/costmodel)
+    # fitted cost-model calibrations, reused by every run of the same model, devices and code
+    # (default ~/.cache/dysejax/costmodel, see dysejax.runtime.user_cache_dir)
+    costmodel_dir: Optional[str] = None
     # on the devices here, also time every feasible strategy's layer at the smallest and largest
     # bucket and scale the time model per strategy by measured / predicted (cached in costmodel_dir)
     profile_time: bool = False

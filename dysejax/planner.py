@@ -8,6 +8,7 @@ devices here are the hardware planned for, it is first calibrated on them.
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, Optional, Union
 
 import jax
@@ -39,14 +40,22 @@ class Planner:
         self.budget, self.state_bytes = budget, state_bytes
         self.costmodel_dir, self.log, self.show_progress = costmodel_dir, log, show_progress
         self._cost_model: Optional[AutoPlanner] = None
+        # seconds spent planning: the cost model's calibration on these devices, the plan search
+        self.overheads = {"calibrate_memory_s": 0.0, "calibrate_time_s": 0.0, "search_s": 0.0}
         check_hardware(config.parallel.hardware)
         entries = plan_entries(config.parallel.plan, data.buckets, config.model.n_layers, list(STRATEGIES))
         self.auto_buckets = [b for b, e in entries.items() if e == AUTO]
-        self._candidates = {b: list(self.plan(b, data.batch_size(b)).candidates) if e == AUTO else [e]
-                            for b, e in entries.items()}
+        self._candidates = {b: self._auto_candidates(b) if e == AUTO else [e] for b, e in entries.items()}
         for bucket, plans in self._candidates.items():
             for plan in plans:
                 self.check(plan, bucket, data.batch_size(bucket))
+
+    def _auto_candidates(self, bucket: int) -> list[Plan]:
+        model = self.cost_model  # built (and calibrated) outside the search's time
+        t0 = time.perf_counter()
+        plans = list(model.plan(bucket, self.data.batch_size(bucket)).candidates)
+        self.overheads["search_s"] += time.perf_counter() - t0
+        return plans
 
     # -- per bucket ------------------------------------------------------------------------
     def candidates(self, bucket: int) -> list[Plan]:
@@ -99,14 +108,18 @@ class Planner:
                 progress = lambda what: phase.update(1, what)  # noqa: E731
                 # the devices are here: fit this model's memory to XLA (only a budget needs it: without
                 # one every plan fits, and XLA's own figure is reported beside the prediction)
+                t0 = time.perf_counter()
                 if here and (budget is not None or profile_time):
                     hardware = calibrate_memory_here(hardware, self.mesh, self.spec, shapes, directory, self.log,
                                                      progress)
+                self.overheads["calibrate_memory_s"] = time.perf_counter() - t0
                 planner = AutoPlanner(self.spec, dict(self.mesh.shape), cfg.model.n_layers, cfg.model.vocab_size,
                                       hardware, budget, cfg.model.param_dtype, cfg.optimizer.name, cfg.model.remat,
                                       loss_chunk=cfg.model.loss_chunk)
+                t0 = time.perf_counter()
                 if here and profile_time:  # time the options that can appear in a plan, where they decide
                     planner = calibrate_time_here(planner, self.mesh, shapes, directory, self.log, progress)
+                self.overheads["calibrate_time_s"] = time.perf_counter() - t0
             self._cost_model = planner
         return self._cost_model
 

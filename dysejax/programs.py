@@ -56,7 +56,8 @@ class Program:
 
 
 def gib(n_bytes: Optional[int]) -> str:
-    return "unlimited" if n_bytes is None else f"{n_bytes / 2**30:.3f} GiB"
+    """Bytes as GiB to four significant digits (a budget of a few MiB stays readable)."""
+    return "unlimited" if n_bytes is None else f"{n_bytes / 2**30:.4g} GiB"
 
 
 def _figures(compiled) -> tuple[dict, float]:

@@ -17,8 +17,12 @@ def on_terminal() -> bool:
     return sys.stderr.isatty()
 
 
+LINE_EVERY_S = 30.0  # without a bar, a long phase prints where it is this often
+
+
 class Phase:
-    """`with Phase("warmup", total=10, log=print) as p: ... p.update(1, note)`: a bar or two lines.
+    """`with Phase("warmup", total=10, log=print) as p: ... p.update(1, note)`: a bar, or lines: one
+    when the phase starts, one every LINE_EVERY_S seconds of it, one when it ends.
 
     With `lazy`, nothing shows until the first `update` (a phase served from a cache stays silent)."""
 
@@ -27,7 +31,7 @@ class Phase:
         self.desc, self.total, self.unit, self.enabled, self.log = desc, total, unit, enabled, log
         self.lazy, self._started = lazy, False
         self.bar_on = enabled and (on_terminal() if bar is None else bar)
-        self.count, self._bar, self._t0 = 0, None, 0.0
+        self.count, self._bar, self._t0, self._last_line = 0, None, 0.0, 0.0
 
     def __enter__(self) -> "Phase":
         self._t0 = time.perf_counter()
@@ -36,7 +40,7 @@ class Phase:
         return self
 
     def _start(self) -> None:
-        self._started = True
+        self._started, self._last_line = True, time.perf_counter()
         if self.bar_on:
             from tqdm import tqdm
             self._bar = tqdm(total=self.total, desc=self.desc, unit=self.unit, file=sys.stderr, dynamic_ncols=True)
@@ -52,6 +56,11 @@ class Phase:
             if note:
                 self._bar.set_postfix_str(note, refresh=False)
             self._bar.update(n)
+        elif self.enabled and time.perf_counter() - self._last_line >= LINE_EVERY_S:
+            self._last_line = time.perf_counter()
+            of = f"/{self.total}" if self.total else ""
+            self.log(f"{self.desc}: {self.count}{of} {self.unit}s{f' ({note})' if note else ''}, "
+                     f"{self._last_line - self._t0:.0f} s")
 
     def __exit__(self, *exc) -> None:
         if self._bar is not None:

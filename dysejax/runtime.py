@@ -197,6 +197,14 @@ def stop_signals():
             signal.signal(s, handler)
 
 
+def user_cache_dir(*parts: str) -> str:
+    """dysejax's cache shared by every run of this user: $DYSEJAX_CACHE_DIR, else
+    $XDG_CACHE_HOME/dysejax, else ~/.cache/dysejax (joined with `parts`)."""
+    root = os.environ.get("DYSEJAX_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "dysejax")
+    return os.path.join(root, *parts)
+
+
 def enable_compilation_cache(directory: str) -> None:
     """Turn on JAX's persistent compilation cache in `directory`, small programs included."""
     import jax

@@ -23,7 +23,7 @@ from dysejax.build import build
 from dysejax.checkpoint import Checkpointer, restore_params
 from dysejax.compile_watch import compile_counter
 from dysejax.config import Config
-from dysejax.errors import ConfigError, PlanError, TrainingError
+from dysejax.errors import ConfigError, PlanError, TrainingError, UserError
 from dysejax.flops import Peak, peak_flops, train_flops
 from dysejax.metrics import MetricsWriter
 from dysejax.model.transformer import count_params
@@ -169,6 +169,7 @@ class Trainer:
         ckpt = Checkpointer(os.path.join(self.workdir, "checkpoints"), cfg.train.checkpoint_every,
                             cfg.train.keep_checkpoints, cfg.train.async_checkpoint)
         rows: list[dict] = []
+        started = True
         try:
             state, it, start = self._restore_or_init(ckpt, metrics)
             if start >= target:
@@ -241,9 +242,14 @@ class Trainer:
                                  f"checkpoint saved in {ckpt.directory}")
                         break
             self.state = state
+        except UserError:
+            started = False  # e.g. a train.init_from that cannot be read: no trace of the run is kept
+            raise
         finally:
             ckpt.close()
             metrics.close()
+            if not started and self._new_workdir and self.is_writer:
+                shutil.rmtree(self.workdir, ignore_errors=True)
         self._report_run(rows, time.perf_counter() - t_fit)
         return rows
 

@@ -2,9 +2,12 @@
 
 `step_on(plan, mesh, ...)` runs loss + grads of a plan on a mesh, with parameters in the
 unified storage layout; `check_against_reference` compares with the `dp` plan on one device.
+A reference is computed once per process for each (reference config, parameters, batch):
+many checks compare different plans with the same few references.
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Optional, Sequence
 
 import flax.linen as nn
@@ -25,6 +28,10 @@ from tests.conftest import TINY
 # length is a multiple of.
 MODEL = ["model.d_model=64", "model.d_ff=128", "model.vocab_size=264", "model.n_layers=2", "model.attention=blockwise",
          "model.attention_block=48"]
+
+# Model overrides: the loss over chunks of 40 tokens (a count that divides none of the tested
+# per-device token counts, so the last chunk is padded) and over all of a device's tokens at once.
+CHUNKED, WHOLE = ["model.loss_chunk=40"], ["model.loss_chunk=0"]
 
 
 def model_config(*extra: str):
@@ -80,6 +87,28 @@ def relative_error(a, b) -> float:
     return float(np.max(np.abs(a - b)) / scale) if scale > 0 else float(np.max(np.abs(a)))
 
 
+_REFERENCES: dict = {}  # (config, parameter and batch digests) -> (loss, grads as numpy)
+
+
+def _digest(tree) -> str:
+    h = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        leaf = np.ascontiguousarray(leaf)
+        h.update(f"{jax.tree_util.keystr(path)}{leaf.dtype}{leaf.shape}".encode())
+        h.update(leaf.tobytes())
+    return h.hexdigest()
+
+
+def reference_step(cfg, params, batch: dict):
+    """(loss, grads) of the `dp` plan on one device: computed on first request, then reused
+    (the key covers the whole config and every parameter and batch value)."""
+    key = (repr(cfg), _digest(params), _digest(batch))
+    if key not in _REFERENCES:
+        plan = parse_plan("dp", cfg.n_layers, list(STRATEGIES))
+        _REFERENCES[key] = step_on(plan, build_mesh({"data": 1}, jax.devices()[:1]), cfg, params, batch)
+    return _REFERENCES[key]
+
+
 def check_against_reference(plan_value, mesh_axes: Optional[dict] = None, *, batch: int = 2, seq: int = 200,
                             extra: Sequence[str] = (), rtol: float = 1e-5, seed: int = 0,
                             ref_extra: Sequence[str] = (), data: Optional[dict] = None):
@@ -90,9 +119,7 @@ def check_against_reference(plan_value, mesh_axes: Optional[dict] = None, *, bat
     data = packed_batch(batch, seq, seed) if data is None else data
     mesh = build_mesh(mesh_axes or {"data": 8})
     plan = parse_plan(plan_value, cfg.n_layers, list(STRATEGIES))
-    ref_plan = parse_plan("dp", cfg.n_layers, list(STRATEGIES))
-    ref_cfg = model_config(*extra, *ref_extra)
-    ref_loss, ref_grads = step_on(ref_plan, build_mesh({"data": 1}, jax.devices()[:1]), ref_cfg, params, data)
+    ref_loss, ref_grads = reference_step(model_config(*extra, *ref_extra), params, data)
     loss, grads = step_on(plan, mesh, cfg, params, data)
     assert abs(loss - ref_loss) <= rtol * abs(ref_loss), (plan.id, seq, loss, ref_loss)
     for (path, g), r in zip(jax.tree_util.tree_flatten_with_path(grads)[0], jax.tree.leaves(ref_grads)):
@@ -101,4 +128,4 @@ def check_against_reference(plan_value, mesh_axes: Optional[dict] = None, *, bat
     return loss
 
 
-__all__ = ["check_against_reference", "packed_batch", "step_on", "model_config", "relative_error"]
+__all__ = ["CHUNKED", "WHOLE", "check_against_reference", "packed_batch", "reference_step", "step_on", "model_config", "relative_error"]

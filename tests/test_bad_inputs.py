@@ -1,7 +1,5 @@
 """Bad inputs through the CLI (`train.main` in-process): each gives one `error:` line naming the
 problem, exit status 2, and leaves the workdir exactly as it was (listing, sizes, mtimes, bytes)."""
-import hashlib
-import os
 import shutil
 
 import pytest
@@ -9,22 +7,7 @@ import pytest
 import dysejax
 import train
 from tests.conftest import FAST, TINY
-
-
-def _snapshot(path):
-    """Every entry under `path` with its type, size, mtime and content hash (None if absent)."""
-    if not os.path.exists(path):
-        return None
-    out = {}
-    entries = [os.path.join(root, name) for root, dirs, files in os.walk(path) for name in dirs + files]
-    for p in [str(path)] + entries:
-            st = os.stat(p)
-            digest = None
-            if os.path.isfile(p):
-                with open(p, "rb") as f:
-                    digest = hashlib.sha256(f.read()).hexdigest()
-            out[os.path.relpath(p, path)] = (os.path.isdir(p), st.st_size, st.st_mtime_ns, digest)
-    return out
+from tests.snapshot import snapshot, truncate_files
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +20,7 @@ def trained(tmp_path_factory):
 
 
 def _corrupt(work):
-    for root, _, files in os.walk(work / "checkpoints" / "2" / "state"):
-        for name in files:
-            p = os.path.join(root, name)
-            with open(p, "r+b") as f:
-                f.truncate(os.path.getsize(p) // 3)
+    truncate_files(work / "checkpoints" / "2" / "state")
 
 
 def _case(kind, tmp, trained):
@@ -62,6 +41,7 @@ def _case(kind, tmp, trained):
                          "bucket 64 (batch 16, train): no plan fits the memory budget"),
         "plan_not_a_bucket": (["parallel.plan={32: dp}"], "parallel.plan: 32 is not a bucket length"),
         "unknown_strategy": (["parallel.plan=zero9"], "parallel.plan: unknown strategy 'zero9'"),
+        "plan_short": (["parallel.plan=[[dp, 1]]"], "parallel.plan: runs cover 1 layers but the model has 2"),
         "empty_buckets": (["data.buckets=[]"], "data.buckets is empty"),
         "peer_timeout": (["train.peer_timeout_s=0"], "train.peer_timeout_s must be positive, got 0.0"),
         # data
@@ -79,6 +59,14 @@ def _case(kind, tmp, trained):
                                              "(model.d_model: checkpoint 64, config 96"),
         "ckpt_dtype": (["model.param_dtype=bfloat16"], f"checkpoint {tmp}/w/checkpoints/2 is from another model "
                                                        "(model.param_dtype: checkpoint 'float32', config 'bfloat16')"),
+        "init_from_missing": ([f"train.init_from={tmp}/nope"],
+                              f"train.init_from '{tmp}/nope' is not a readable parameter checkpoint ("),
+        "init_from_corrupt": ([f"train.init_from={tmp}/params"],
+                              f"train.init_from '{tmp}/params' is not a readable parameter checkpoint ("),
+        "init_from_other_model": ([f"train.init_from={tmp}/params"],
+                                  f"train.init_from '{tmp}/params': parameter ['embed'] is (10, 4) float32, the "
+                                  "model needs (264, 64) float32: use the config the import wrote, or another "
+                                  "init_from"),
         # command line
         "set_syntax": (["train.steps"], "bad --set 'train.steps': expected dotted.key=value"),
         "set_yaml": (["model.n_layers=[1"], "model.n_layers: expected an integer, got '[1'"),  # taken as text
@@ -86,6 +74,7 @@ def _case(kind, tmp, trained):
     flags = {
         "unknown_flag": (["--bogus"], "unrecognized arguments: --bogus"),
         "steps_zero": (["--steps", "0"], "--steps must be positive, got 0"),
+        "steps_not_int": (["--steps", "x"], "argument --steps: invalid int value: 'x'"),
         "config_missing": (["--config", f"{tmp}/missing.yaml"], f"config file '{tmp}/missing.yaml' not found"),
         "config_not_mapping": (["--config", f"{tmp}/list.yaml"], f"config file '{tmp}/list.yaml' must hold a mapping"),
         "workdir_is_file": (["--workdir", f"{tmp}/file"], f"--workdir '{tmp}/file' is a file"),
@@ -106,16 +95,28 @@ def _case(kind, tmp, trained):
     (tmp / "file").write_text("not a folder\n")
     if kind == "ckpt_corrupt":
         _corrupt(tmp / "w")
+    if kind in ("init_from_corrupt", "init_from_other_model"):
+        import numpy as np
+        from dysejax.checkpoint import save_params
+        save_params(str(tmp / "params"), {"embed": np.zeros((10, 4), np.float32)})
+        if kind == "init_from_corrupt":
+            truncate_files(tmp / "params")
     if kind in sets:
         extra, message = sets[kind]
         return ["--set", *extra], message
     return flags[kind]
 
 
+# the fix the line ends with, where the start above leaves it out
+FIXES = {"ckpt_corrupt": ": move it away or use another --workdir",
+         "ckpt_shape": ": use another --workdir or restore the matching config",
+         "ckpt_dtype": ": use another --workdir or restore the matching config"}
+
 KINDS = ["unknown_key", "wrong_type", "impossible_mesh", "heads_vs_tp", "bucket_vs_sp", "no_plan_fits",
-         "plan_not_a_bucket", "unknown_strategy", "empty_buckets", "peer_timeout", "data_missing", "data_empty",
+         "plan_not_a_bucket", "unknown_strategy", "plan_short", "empty_buckets", "peer_timeout", "data_missing", "data_empty",
          "data_not_utf8", "jsonl_no_field", "jsonl_bad_line", "too_long", "ckpt_corrupt", "ckpt_shape", "ckpt_dtype",
-         "set_syntax", "set_yaml", "unknown_flag", "steps_zero", "config_missing", "config_not_mapping",
+         "init_from_missing", "init_from_corrupt", "init_from_other_model",
+         "set_syntax", "set_yaml", "unknown_flag", "steps_zero", "steps_not_int", "config_missing", "config_not_mapping",
          "workdir_is_file", "processes_without_coordinator", "process_id_too_big", "coordinator_format",
          "coordinator_alone"]
 
@@ -127,7 +128,7 @@ def test_bad_input_is_one_error_line_exit_2_and_leaves_the_workdir(kind, tmp_pat
     argv = ["--config", TINY, "--workdir", str(work), "--steps", "4", "--set", *FAST, "train.checkpoint_every=2"]
     if "--workdir" in extra:  # a later flag of the same name wins
         work = extra[extra.index("--workdir") + 1]
-    before = _snapshot(work)
+    before = snapshot(work)
     capsys.readouterr()
     try:
         status = train.main(argv + extra if extra[:1] != ["--set"] else argv + extra[1:])
@@ -137,4 +138,5 @@ def test_bad_input_is_one_error_line_exit_2_and_leaves_the_workdir(kind, tmp_pat
     lines = err.strip().splitlines()
     assert status == 2, err
     assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), err
-    assert _snapshot(work) == before, f"{kind}: the workdir changed"
+    assert FIXES.get(kind, "") in lines[0], err
+    assert snapshot(work) == before, f"{kind}: the workdir changed"

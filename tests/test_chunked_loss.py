@@ -1,18 +1,10 @@
-"""The chunked loss: every strategy's loss and gradients with the head and cross-entropy run over
-small chunks of tokens equal the unchunked single-device reference, and the chunk bounds the
-loss's memory."""
+"""The chunked loss: loss and gradients with the head and cross-entropy run over small chunks of
+tokens equal the unchunked single-device reference, and the chunk bounds the loss's memory.
+Each strategy's chunked loss is checked in tests/test_strategies.py's remat matrix (one compile
+for both)."""
 import pytest
 
-from tests.reference import check_against_reference
-
-# 40 divides none of the per-device token counts below: the last chunk is padded
-CHUNKED, WHOLE = ["model.loss_chunk=40"], ["model.loss_chunk=0"]
-
-
-@pytest.mark.parametrize("strategy", ["dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp"])
-def test_chunked_loss_matches_unchunked_reference(strategy):
-    batch = 8 if strategy in ("dp", "fsdp") else 2
-    check_against_reference(strategy, batch=batch, seq=96, extra=CHUNKED, ref_extra=WHOLE)
+from tests.reference import CHUNKED, WHOLE, check_against_reference
 
 
 def test_chunked_loss_on_2d_mesh_and_mixed_plan():

@@ -1,4 +1,6 @@
 """Model: shapes, logical axes, packing isolation, scan vs unrolled, attention paths, dtypes."""
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -23,6 +25,11 @@ def _cfg(*extra):
 def _logits(cfg, params, inputs, segs, pos, plan=DP):
     return Transformer(cfg).apply({"params": params}, inputs, segs, pos, plan=plan, mesh=MESH,
                                   method=Transformer.logits)
+
+
+def _jit_logits(cfg):
+    """`_logits` of `cfg` compiled once (eager, each of its many ops is dispatched on its own)."""
+    return jax.jit(lambda params, inputs, segs, pos: _logits(cfg, params, inputs, segs, pos))
 
 
 def _batch(b=8, s=32, seed=0):
@@ -54,30 +61,38 @@ def test_logits_shape_and_documents_do_not_see_each_other():
     cfg = _cfg()
     params = nn.unbox(init_params(cfg, jax.random.key(0)))
     inputs, segs, pos = _batch()
-    out = _logits(cfg, params, inputs, segs, pos)
+    logits = _jit_logits(cfg)
+    out = logits(params, inputs, segs, pos)
     assert out.shape == (8, 32, 264) and out.dtype == jnp.float32
     # change only the second document of each row: the first document's logits are unchanged
     changed = inputs.at[:, 20:].set((inputs[:, 20:] + 7) % 256)
-    out2 = _logits(cfg, params, changed, segs, pos)
+    out2 = logits(params, changed, segs, pos)
     np.testing.assert_array_equal(np.asarray(out[:, :16]), np.asarray(out2[:, :16]))
     assert not np.allclose(np.asarray(out[:, 20:]), np.asarray(out2[:, 20:]))
     # causal: changing a later token of a document leaves earlier positions unchanged
     later = inputs.at[:, 10].set((inputs[:, 10] + 1) % 256)
-    out3 = _logits(cfg, params, later, segs, pos)
+    out3 = logits(params, later, segs, pos)
     np.testing.assert_array_equal(np.asarray(out[:, :10]), np.asarray(out3[:, :10]))
+
+
+def _value_and_grad(cfg, params):
+    inputs, segs, pos = _batch(s=40)
+    return jax.jit(jax.value_and_grad(lambda p: jnp.mean(_logits(cfg, p, inputs, segs, pos) ** 2)))(params)
+
+
+@functools.cache
+def _reference():
+    """(params, loss, grads) of the dense, scanned reference: one compile for every variant."""
+    cfg = _cfg("model.attention=dense")
+    params = nn.unbox(init_params(cfg, jax.random.key(1)))
+    return (params, *_value_and_grad(cfg, params))
 
 
 @pytest.mark.parametrize("extra", [["model.scan_layers=false"], ["model.attention=blockwise", "model.attention_block=8"],
                                    ["model.remat=full"], ["model.remat=dots"]])
 def test_variants_match_the_reference(extra):
-    ref_cfg, cfg = _cfg("model.attention=dense"), _cfg(*extra)
-    params = nn.unbox(init_params(ref_cfg, jax.random.key(1)))
-    inputs, segs, pos = _batch(s=40)
-
-    def loss(c, p):
-        return jnp.mean(_logits(c, p, inputs, segs, pos) ** 2)
-    ref_val, ref_grad = jax.value_and_grad(lambda p: loss(ref_cfg, p))(params)
-    val, grad = jax.value_and_grad(lambda p: loss(cfg, p))(params)
+    params, ref_val, ref_grad = _reference()
+    val, grad = _value_and_grad(_cfg(*extra), params)
     np.testing.assert_allclose(val, ref_val, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(ref_grad)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)

@@ -4,7 +4,7 @@ import pytest
 from sharding.strategies import StrategyShapeError, get_strategy
 from sharding.ops.blocks import BlockSpec
 from sharding.mesh import build_mesh
-from tests.reference import check_against_reference
+from tests.reference import CHUNKED, WHOLE, check_against_reference
 
 
 @pytest.mark.parametrize("plan", ["dp", "fsdp"])
@@ -36,10 +36,23 @@ def test_mixed_plans_match_reference(plan, layers, batch):
     check_against_reference(plan, batch=batch, seq=96, extra=[f"model.n_layers={layers}"])
 
 
-@pytest.mark.parametrize("remat", ["selective", "dots", "full"])
-@pytest.mark.parametrize("strategy", ["dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp"])
-def test_every_strategy_under_remat_matches_reference(strategy, remat):
-    check_against_reference([[strategy, 2, remat]], batch=8 if strategy in ("dp", "fsdp") else 2, seq=96)
+STRATEGY_NAMES = ["dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp"]
+REMATS = ["selective", "dots", "full"]
+
+
+def _remat_matrix():
+    """Every (strategy, remat) pair; the default suite runs a diagonal (each strategy once, each
+    remat policy at least twice), the rest are marked slow (.ci/run runs them)."""
+    return [pytest.param(s, r, marks=() if REMATS.index(r) == i % len(REMATS) else pytest.mark.slow)
+            for i, s in enumerate(STRATEGY_NAMES) for r in REMATS]
+
+
+@pytest.mark.parametrize("strategy, remat", _remat_matrix())
+def test_every_strategy_under_remat_and_chunked_loss_matches_reference(strategy, remat):
+    """Each strategy with a remat policy and the loss over small padded chunks against the
+    unchunked single-device reference (one compile checks both)."""
+    check_against_reference([[strategy, 2, remat]], batch=8 if strategy in ("dp", "fsdp") else 2, seq=96,
+                            extra=CHUNKED, ref_extra=WHOLE)
 
 
 def test_selective_remat_with_dense_attention_matches_reference():
@@ -47,6 +60,7 @@ def test_selective_remat_with_dense_attention_matches_reference():
     check_against_reference([["dp", 2, "selective"]], batch=8, seq=96, extra=["model.attention=dense"])
 
 
+@pytest.mark.slow  # the reference checks above hold each strategy's step to 1e-5; this is the Trainer path
 def test_every_strategy_trains_like_dp(tiny_config, tmp_path):
     import numpy as np
     import dysejax

@@ -10,6 +10,12 @@ ROW_KEYS = {"step", "loss", "tokens", "bucket", "plan", "step_time_s", "loss_tok
             "lr", "grad_norm", "bytes_per_device", "tokens_per_s"}
 
 
+# Trainers whose programs differ from the plain tiny config's skip the eval programs they do
+# not test; references keep the plain config, whose programs the session's shared compile cache
+# already holds (tests/conftest.py).
+NO_EVAL = "data.eval_batches=0"
+
+
 def _losses(rows):
     return np.array([r["loss"] for r in rows])
 
@@ -30,23 +36,23 @@ def test_fit_writes_complete_rows_and_loss_falls(tiny_config, tmp_path):
 
 def test_fsdp_equals_dp(tiny_config, tmp_path):
     dp = dysejax.Trainer(tiny_config(), workdir=str(tmp_path / "dp")).fit(steps=3)
-    fsdp = dysejax.Trainer(tiny_config("parallel.plan=fsdp"), workdir=str(tmp_path / "fsdp")).fit(steps=3)
+    fsdp = dysejax.Trainer(tiny_config("parallel.plan=fsdp", NO_EVAL), workdir=str(tmp_path / "fsdp")).fit(steps=3)
     assert [r["plan"] for r in fsdp] == ["fsdp"] * 3
     np.testing.assert_allclose(_losses(fsdp), _losses(dp), rtol=1e-5)
 
 
 def test_grad_accumulation_matches_one_big_batch(tiny_config, tmp_path):
     # Same batches (batch multiple 16 either way), split in two micro-batches or not.
-    one = dysejax.Trainer(tiny_config("data.tokens_per_batch=2048", "train.grad_accum=1"),
+    one = dysejax.Trainer(tiny_config("data.tokens_per_batch=2048", "train.grad_accum=1", NO_EVAL),
                           workdir=str(tmp_path / "a"))
-    two = dysejax.Trainer(tiny_config("data.tokens_per_batch=2048", "train.grad_accum=2"),
+    two = dysejax.Trainer(tiny_config("data.tokens_per_batch=2048", "train.grad_accum=2", NO_EVAL),
                           workdir=str(tmp_path / "b"))
     assert one.data.batch_sizes == two.data.batch_sizes
     np.testing.assert_allclose(_losses(two.fit(steps=3)), _losses(one.fit(steps=3)), rtol=1e-5)
 
 
 def test_written_plan_and_remat_match_dp(tiny_config, tmp_path):
-    mixed = tiny_config("parallel.plan=[[dp, 1], [fsdp, 1, full]]", "model.scan_layers=false")
+    mixed = tiny_config("parallel.plan=[[dp, 1], [fsdp, 1, full]]", "model.scan_layers=false", NO_EVAL)
     rows = dysejax.Trainer(mixed, workdir=str(tmp_path / "m")).fit(steps=2)
     assert rows[0]["plan"] == "dp:1,fsdp:1@full"
     ref = dysejax.Trainer(tiny_config(), workdir=str(tmp_path / "r")).fit(steps=2)
@@ -54,7 +60,7 @@ def test_written_plan_and_remat_match_dp(tiny_config, tmp_path):
 
 
 def test_bf16_compute_trains(tiny_config, tmp_path):
-    rows = dysejax.Trainer(tiny_config("model.compute_dtype=bfloat16"), workdir=str(tmp_path)).fit(steps=4)
+    rows = dysejax.Trainer(tiny_config("model.compute_dtype=bfloat16", NO_EVAL), workdir=str(tmp_path)).fit(steps=4)
     assert all(np.isfinite(_losses(rows)))
     ref = dysejax.Trainer(tiny_config(), workdir=str(tmp_path / "f32")).fit(steps=1)
     assert abs(rows[0]["loss"] - ref[0]["loss"]) < 0.05
@@ -87,7 +93,7 @@ def test_resume_after_a_lost_tail_truncates_metrics(tiny_config, tmp_path):
 
 def test_nonfinite_loss_stops_or_skips(tiny_config, tmp_path):
     # Adam steps of size ~lr: at 1e30 the weights overflow and the loss turns non-finite.
-    bad = ["optimizer.lr=1e30", "optimizer.warmup_steps=0", "optimizer.clip_norm=null"]
+    bad = ["optimizer.lr=1e30", "optimizer.warmup_steps=0", "optimizer.clip_norm=null", NO_EVAL]
     with pytest.raises(dysejax.TrainingError, match=r"non-finite loss or gradient at step \d+ \(bucket \d+, plan dp\)"):
         dysejax.Trainer(tiny_config(*bad), workdir=str(tmp_path / "stop")).fit(steps=6)
     trainer = dysejax.Trainer(tiny_config(*bad, "train.nonfinite=skip"), workdir=str(tmp_path / "skip"))

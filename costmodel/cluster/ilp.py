@@ -42,6 +42,7 @@ from typing import Optional, Sequence
 from costmodel.cluster.layers import GroupCosts, group_costs
 from costmodel.cluster.megatron import tensor_parallel
 from costmodel.cluster.workload import Cluster, ClusterError, Model, Workload
+from costmodel.time import TimeCoefficients, collective_time
 from costmodel.search import SearchResult, exact_plan, leanest_plan, unlimited_budget
 from sharding.plan import Plan, compress
 
@@ -49,11 +50,6 @@ __all__ = ["INTER", "Layout", "layouts", "PlanCost", "RedundancyResult", "min_re
            "leanest_within"]
 
 INTER = ("rep", "shard")
-
-
-def allreduce_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
-    """Ring all-reduce of `nbytes` per device over n devices."""
-    return 0.0 if n <= 1 else 2 * (n - 1) / n * nbytes / bandwidth + 2 * (n - 1) * latency
 
 
 def leanest_within(table, max_time_s: float, rel_tol: float = 1e-9) -> Optional[SearchResult]:
@@ -114,7 +110,8 @@ def layouts(model: Model, wl: Workload, cl: Cluster, inter: Sequence[str] = INTE
         sync = 0.0
         if mode == "rep":
             grads = model.n_layers * float(gc.grad_bytes.max()) + gc.ends_grad_bytes
-            sync = allreduce_time(grads, d, prof.inter_node_bw, prof.link_latency_s)
+            # one device of each node per ring (the nodes' replicas of a shard): the NICs' pace
+            sync = collective_time(TimeCoefficients.from_profile(prof), "all-reduce", grads, d, 1)
         out[mode] = Layout(mode, gc, steps, sync - (steps - 1) * update)
     if not out:
         raise ClusterError(f"no strategy can serve {model.name} at micro-batch {wl.micro_batch} x {wl.seq_len} "

@@ -2,13 +2,25 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
+
+TRAIN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "train.py")
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         sys.stderr.write(f"error: {message} (see --help)\n")
         raise SystemExit(2)
+
+
+def continue_command(config_path: str) -> str:
+    """The shell command that trains the import at `config_path` further, from any directory."""
+    workdir = os.path.dirname(os.path.abspath(config_path))
+    train = TRAIN_PY if os.path.isfile(TRAIN_PY) else "train.py"  # an installed package has no train.py
+    return " ".join(shlex.quote(a) for a in ("python", train, "--config", os.path.abspath(config_path),
+                                              "--workdir", workdir))
 
 
 def main(argv=None) -> int:
@@ -30,8 +42,7 @@ def main(argv=None) -> int:
     try:
         if args.command == "import":
             path = import_model(args.hf_dir, args.workdir, args.buckets)
-            print(f"imported {args.hf_dir} -> {path}\ncontinue training: python train.py --config {path} "
-                  f"--workdir {args.workdir}")
+            print(f"imported {args.hf_dir} -> {path}\ncontinue training: {continue_command(path)}")
         else:
             what = export_model(args.workdir, args.out_dir, args.step)
             print(f"exported {what} of {args.workdir} -> {args.out_dir}")

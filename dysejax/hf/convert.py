@@ -23,9 +23,11 @@ import numpy as np
 import yaml
 
 from dysejax.checkpoint import read_numpy, save_params
-from dysejax.config import Config, ModelConfig, config_from_dict, load_config
-from dysejax.errors import ConfigError
-from dysejax.hf.llama import hf_config, hf_from_params, model_config_from_hf, params_from_hf, read_config, read_safetensors
+from dysejax.config import BYTE_VOCAB, Config, ModelConfig, config_from_dict, load_config
+from dysejax.errors import CheckpointError, ConfigError
+from dysejax.hf.checks import check_tensors
+from dysejax.hf.files import SafetensorsFolder, read_config, read_json
+from dysejax.hf.llama import hf_config, hf_from_params, model_config_from_hf, params_from_hf
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json")
 
@@ -48,30 +50,45 @@ def _plain(model: ModelConfig) -> dict:
     return {k: v for k, v in dataclasses.asdict(model).items() if v is not None}
 
 
+def _remove_written(path: str, existed: bool) -> None:
+    """Undo a failed write into `path`: remove it, or empty it again when it existed (empty) before."""
+    if not existed:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    for name in os.listdir(path):
+        p = os.path.join(path, name)
+        shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) and not os.path.islink(p) else os.remove(p)
+
+
 def import_model(hf_dir: str, workdir: str, buckets: Optional[list[int]] = None) -> str:
     """Convert the Llama folder `hf_dir` into `workdir` (see the module docstring); returns the
-    config path."""
+    config path. Every tensor is checked against config.json first (`dysejax.hf.checks`): a
+    problem is a one-line ConfigError and nothing is written."""
     hf = read_config(hf_dir)
     model = model_config_from_hf(hf)
     _empty_or_new(workdir, "--workdir")
-    tensors = read_safetensors(hf_dir)
-    params = {k: _as_dtype(v, model.param_dtype) for k, v in params_from_hf(tensors, model).items()}
+    tensors = SafetensorsFolder(hf_dir)
+    check_tensors(tensors, model)
     workdir = os.path.abspath(workdir)
+    found = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(hf_dir, f))]
+    data = {"source": "stdlib", "documents": "blocks", "buckets": buckets or [128, 256, 512],
+            "long_policy": "split", "tokenizer": os.path.join(workdir, "tokenizer") if found else "bytes"}
+    config = {"model": _plain(model), "data": data, "train": {"init_from": os.path.join(workdir, "hf_params")},
+              "parallel": {"plan": "auto"}}
+    if not found and model.vocab_size < BYTE_VOCAB:
+        raise ConfigError(f"{hf_dir!r} has no tokenizer ({' or '.join(TOKENIZER_FILES[::2])}) and config.json "
+                          f"vocab_size {model.vocab_size} is below the {BYTE_VOCAB} ids of byte tokens: put the "
+                          "model's tokenizer files in the folder")
+    config_from_dict(config)  # what we write must load
+    params = {k: _as_dtype(v, model.param_dtype) for k, v in params_from_hf(tensors, model).items()}
+    existed = os.path.isdir(workdir)
     os.makedirs(workdir, exist_ok=True)
     try:
         save_params(os.path.join(workdir, "hf_params"), params)
-        data = {"source": "stdlib", "documents": "blocks", "buckets": buckets or [128, 256, 512],
-                "long_policy": "split", "tokenizer": "bytes"}
-        found = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(hf_dir, f))]
         if found:
             os.makedirs(os.path.join(workdir, "tokenizer"))
             for f in found:
                 shutil.copy2(os.path.join(hf_dir, f), os.path.join(workdir, "tokenizer", f))
-            data["tokenizer"] = os.path.join(workdir, "tokenizer")
-        config = {"model": _plain(model), "data": data,
-                  "train": {"init_from": os.path.join(workdir, "hf_params")},
-                  "parallel": {"plan": "auto"}}
-        config_from_dict(config)  # what we write must load
         path = os.path.join(workdir, "config.yaml")
         with open(path, "w") as f:
             f.write(f"# Imported from {os.path.abspath(hf_dir)} by python -m dysejax.hf import\n")
@@ -79,7 +96,7 @@ def import_model(hf_dir: str, workdir: str, buckets: Optional[list[int]] = None)
         with open(os.path.join(workdir, "hf_import.json"), "w") as f:
             json.dump({"source": os.path.abspath(hf_dir), "config": hf}, f, indent=1)
     except BaseException:
-        shutil.rmtree(workdir, ignore_errors=True)
+        _remove_written(workdir, existed)
         raise
     return path
 
@@ -97,9 +114,14 @@ def _params_and_model(workdir: str, step: Optional[int]) -> tuple[dict, ModelCon
         where = os.path.join(workdir, "checkpoints", str(step))
         if not os.path.isdir(where):
             raise ConfigError(f"{workdir!r} has no checkpoint of step {step}: see {workdir}/checkpoints")
-        with open(os.path.join(where, "meta", "metadata")) as f:
-            model = config_from_dict({"model": json.load(f)["model"]}).model
-        return read_numpy(os.path.join(where, "state"))["params"], model, f"checkpoint step {step}"
+        meta = read_json(os.path.join(where, "meta", "metadata"), "export another --step")
+        if not isinstance(meta.get("model"), dict):
+            raise CheckpointError(f"{where} has no model in its metadata: export another --step")
+        model = config_from_dict({"model": meta["model"]}).model
+        state = read_numpy(os.path.join(where, "state"))
+        if not isinstance(state, dict) or "params" not in state:
+            raise CheckpointError(f"{where} holds no parameters: export another --step")
+        return state["params"], model, f"checkpoint step {step}"
     config_path = os.path.join(workdir, "config.yaml")
     if not os.path.isdir(os.path.join(workdir, "hf_params")) or not os.path.isfile(config_path):
         raise ConfigError(f"{workdir!r} holds neither a training checkpoint nor an import: pass the --workdir "
@@ -108,28 +130,52 @@ def _params_and_model(workdir: str, step: Optional[int]) -> tuple[dict, ModelCon
     return read_numpy(os.path.join(workdir, "hf_params")), config.model, "the imported parameters"
 
 
+def _check_params(params: dict, model: ModelConfig, what: str) -> None:
+    """Raise CheckpointError unless `params` has exactly the names and shapes of `model`'s."""
+    import flax.linen as nn
+    import jax
+
+    from dysejax.model.transformer import init_params
+
+    want = jax.eval_shape(lambda: nn.unbox(init_params(model, jax.random.key(0))))
+    for name in sorted(set(want) | set(params)):
+        have = tuple(np.shape(params[name])) if name in params else "missing"
+        need = tuple(want[name].shape) if name in want else "absent"
+        if have != need:
+            raise CheckpointError(f"{what}: parameter {name} is {have}, the model of its config needs {need}: "
+                                  "export with the config that trained (or imported) these parameters")
+
+
 def export_model(workdir: str, out_dir: str, step: Optional[int] = None) -> str:
     """Write the workdir's latest (or `step`'s) parameters as a Llama folder `out_dir`; returns
-    a description of what was exported."""
+    a description of what was exported. Nothing is written when anything is wrong."""
     from safetensors.numpy import save_file
 
     workdir = os.path.abspath(workdir)
-    params, model, what = _params_and_model(workdir, step)
     _empty_or_new(out_dir, "the output folder")
     imported = {}
     if os.path.isfile(os.path.join(workdir, "hf_import.json")):
-        with open(os.path.join(workdir, "hf_import.json")) as f:
-            imported = json.load(f)["config"]
+        record = read_json(os.path.join(workdir, "hf_import.json"), "restore it from the imported model's config.json")
+        imported = record.get("config") if isinstance(record.get("config"), dict) else {}
+    params, model, what = _params_and_model(workdir, step)
     config = hf_config(model, imported)
+    _check_params(params, model, f"{workdir} ({what})")
     dtype = str(imported.get("torch_dtype") or imported.get("dtype") or model.param_dtype)
+    if dtype not in ("float32", "bfloat16", "float16"):
+        dtype = model.param_dtype
     tensors = {k: _as_dtype(np.asarray(v), dtype) for k, v in hf_from_params(params, model).items()}
     config["torch_dtype"] = dtype
+    existed = os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(config, f, indent=1)
-    for name in TOKENIZER_FILES:
-        src = os.path.join(workdir, "tokenizer", name)
-        if os.path.isfile(src):
-            shutil.copy2(src, os.path.join(out_dir, name))
+    try:
+        save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            json.dump(config, f, indent=1)
+        for name in TOKENIZER_FILES:
+            src = os.path.join(workdir, "tokenizer", name)
+            if os.path.isfile(src):
+                shutil.copy2(src, os.path.join(out_dir, name))
+    except BaseException:
+        _remove_written(out_dir, existed)
+        raise
     return what

@@ -5,6 +5,7 @@ and which collectives surround them; the arithmetic lives here once.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -53,7 +54,10 @@ class BlockSpec:
         return self.attention in ("blockwise", *KERNELS)
 
 
-_ACTIVATIONS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu, "relu": jax.nn.relu}
+# gelu is the tanh approximation (JAX's default; transformers' gelu_pytorch_tanh / gelu_new),
+# gelu_exact the erf form (transformers' and torch's gelu)
+_ACTIVATIONS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu, "gelu_exact": functools.partial(jax.nn.gelu, approximate=False),
+                "relu": jax.nn.relu}
 
 
 def rms_norm(x, scale, eps: float):

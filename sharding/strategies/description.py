@@ -206,12 +206,15 @@ class Saved:
 @dataclass(frozen=True)
 class Collective:
     """`count` collectives of one kind over a mesh role, each handling `size` bytes (the gathered
-    array for all-gather / reduce-scatter / all-reduce, the local array for all-to-all)."""
+    array for all-gather / reduce-scatter / all-reduce, the local array for all-to-all).
+    `prefetch`: a weight gather or a weight gradient's reduce-scatter, which does not wait for
+    the layer's activations, so a scheduler can run it during a neighbouring layer's compute."""
 
     kind: str  # all-gather | reduce-scatter | all-reduce | all-to-all
     role: str  # batch | model | devices
     size: float
     count: float = 1.0
+    prefetch: bool = False
 
 
 @dataclass(frozen=True)
@@ -333,8 +336,8 @@ def gather_per_layer(shape: LayerShape, remat: str, role: str = DEVICES_ROLE, sh
     """The weight gathers (again in the backward under remat) and gradient reduce-scatter of a
     strategy that gathers `1/share` of each layer's weights over `role` per layer."""
     big = shape.matrix_elems / share if share > 1 else shape.matrix_elems
-    return (Collective("all-gather", role, big * shape.param_bytes, 1 + (0 if keeps_gathered(remat) else 1)),
-            Collective("reduce-scatter", role, big * F32))
+    return (Collective("all-gather", role, big * shape.param_bytes, 1 + (0 if keeps_gathered(remat) else 1), True),
+            Collective("reduce-scatter", role, big * F32, prefetch=True))
 
 
 def model_block_weights(shape: LayerShape, remat: str) -> tuple[float, float]:

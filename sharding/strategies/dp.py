@@ -62,5 +62,5 @@ class DataParallel(Strategy):
     def weight_collectives(self, shape, remat):
         """The run's one gather, per layer, and the gradients' reduce-scatter."""
         big = shape.matrix_elems
-        return (Collective("all-gather", DEVICES_ROLE, big * shape.param_bytes),
-                Collective("reduce-scatter", DEVICES_ROLE, big * F32))
+        return (Collective("all-gather", DEVICES_ROLE, big * shape.param_bytes, prefetch=True),
+                Collective("reduce-scatter", DEVICES_ROLE, big * F32, prefetch=True))
