@@ -84,8 +84,10 @@ def cached_matmul_rate(cache_dir: Optional[str]) -> float:
     measured = matmul_rate()
     if path:
         os.makedirs(cache_dir, exist_ok=True)
-        with open(path, "w") as fh:
+        tmp = f"{path}.{os.getpid()}.tmp"  # processes of one run may measure at once
+        with open(tmp, "w") as fh:
             json.dump(measured, fh, indent=1)
+        os.replace(tmp, path)
     return measured["flops"]
 
 

@@ -8,6 +8,7 @@ position, so a rerun of the same command resumes exactly.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import signal
@@ -89,6 +90,7 @@ class Trainer:
                 phase.update(1, f"{kind} {seq_len}")
         self.warmup_report = report
         runtime.agreed_signal(None)  # builds the per-step stop agreement of a multi-process run now
+        self.peak_flops  # noqa: B018 (measured now: on CPU it compiles a matmul)
         self._compiles_at_warmup = self.compiles.lowered
         if failures:
             if self._new_workdir and self.is_writer:  # leave no trace of a run that could not start
@@ -127,11 +129,12 @@ class Trainer:
         rows = run_report.plan_rows(self.warmup_report or [], self.planner.predicted_bytes)
         return run_report.format_plan_table(rows, self.budget, self.planner.source)
 
-    @property
+    @functools.cached_property
     def peak_flops(self) -> Peak:
         """The device peak MFU is measured against (`dysejax.flops.peak_flops`; on CPU a matmul
-        rate measured once, cached with the cost model's files)."""
-        cache = self.config.parallel.costmodel_dir or os.path.join(self.workdir, "costmodel")
+        rate measured once per machine, cached with the cost model's files). Warmup reads it, so
+        its measurement compiles before `compiles_after_warmup` starts counting."""
+        cache = self.config.parallel.costmodel_dir or runtime.user_cache_dir("costmodel")
         return peak_flops(self.mesh, cache, self.config.train.peak_tflops)
 
     @property

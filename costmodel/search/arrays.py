@@ -57,14 +57,15 @@ def table_arrays(table) -> TableArrays:
 
 
 def evaluate(a: TableArrays, per_layer: Sequence[int]) -> tuple[float, float]:
-    """(time_s, bytes) of a per-layer plan, as the table defines them."""
+    """(time_s, bytes) of a per-layer plan, as the table defines them (bytes rounded to whole
+    bytes as `CostTable.plan_bytes` does, so a budget equal to a plan's bytes admits it here too)."""
     idx = np.asarray(per_layer, dtype=int)
     if idx.size == 0:
         return a.base_t, a.base_b
     tr = a.pk[idx].copy()
     tr[1:] += a.swb[idx[:-1], idx[1:]]
     time = a.base_t + a.t[idx].sum() + (a.swt[idx[:-1], idx[1:]].sum() if idx.size > 1 else 0.0)
-    return float(time), float(a.base_b + a.w[idx].sum() + tr.max())
+    return float(time), float(round(a.base_b + a.w[idx].sum() + tr.max()))
 
 
 def subset(a: TableArrays, keep: np.ndarray) -> TableArrays:
@@ -117,3 +118,10 @@ def fewest_bytes_plan(a: TableArrays) -> list:
                 plan.append(j)
             best, best_plan = cur.min() + C, plan[::-1]
     return best_plan if best_plan is not None else [leanest_uniform(a)] * L
+
+
+def byte_limit(budget_bytes: float) -> float:
+    """The largest unrounded byte count that fits `budget_bytes` once rounded to whole bytes (a
+    plan's bytes are whole bytes, `CostTable.plan_bytes`): searches that sum bytes in floats
+    compare against this, so a budget equal to a plan's bytes admits that plan."""
+    return float(np.floor(budget_bytes)) + 0.5

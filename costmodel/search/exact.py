@@ -21,7 +21,7 @@ import time as _time
 
 import numpy as np
 
-from costmodel.search.arrays import fewest_bytes_plan, subset, table_arrays
+from costmodel.search.arrays import byte_limit, fewest_bytes_plan, subset, table_arrays
 from costmodel.search.labels import label_search
 from costmodel.search.prune import prune_exact
 from costmodel.search.result import SearchResult, search_result
@@ -50,7 +50,7 @@ def exact_plan(table, budget_bytes: float, *, max_labels: int = 20000, prune: bo
         return search_result(table, full, plan, budget_bytes, "exact", optimal=optimal,
                              search_s=_time.perf_counter() - t0, info={**info, **extra})
 
-    S_avail = float(budget_bytes) - a.base_b
+    S_avail = byte_limit(budget_bytes) - a.base_b
     if S_avail - float(a.pk.min()) - a.L * float(a.w.min()) < 0:
         return done(None)
     lab = label_search(a, S_avail, max_labels=max_labels)

@@ -19,7 +19,7 @@ from typing import Callable, Hashable, Optional
 
 import numpy as np
 
-from costmodel.search.arrays import TableArrays, evaluate, leanest_uniform, table_arrays
+from costmodel.search.arrays import TableArrays, byte_limit, evaluate, leanest_uniform, table_arrays
 from costmodel.search.result import SearchResult, search_result
 
 __all__ = ["non_dominated", "paradyse_plan", "ParaDySeSelector"]
@@ -65,7 +65,7 @@ def paradyse_plan(table, budget_bytes: float) -> SearchResult:
         stored = a.base_b + (L - ls) * a.w[fast] + ls * a.w[c]
         trans = np.where(mixed, np.maximum(a.pk[fast], a.pk[c] + a.swb[fast, c]), a.pk[c])
         nbytes = stored + trans
-        ok = nbytes <= budget_bytes
+        ok = nbytes < byte_limit(budget_bytes)
         if ok.any():
             masked = np.where(ok, time, np.inf)
             ci, li = np.unravel_index(int(np.argmin(masked)), masked.shape)
