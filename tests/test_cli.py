@@ -39,6 +39,7 @@ def _complete_steps(workdir):
     return sorted(int(n) for n in os.listdir(d) if n.isdigit()) if os.path.isdir(d) else []
 
 
+@pytest.mark.slow  # the CLI end to end stays in the default suite through test_cli_auto.py
 def test_cli_trains_with_embedded_devices_and_survives_kill_9(tmp_path):
     full = _run(tmp_path / "full", 8)
     assert full.returncode == 0, full.stderr

@@ -131,6 +131,7 @@ def test_memory_matches_xla_on_held_out_shapes(strategy):
     assert max(errs) < MEMORY_BOUND, (strategy, errs)
 
 
+@pytest.mark.slow  # times every option on this CPU (~1 min); the fits are checked on hand tables in the default suite
 def test_calibration_fits_and_extrapolates():
     """calibrate() on two lengths of a new shape predicts XLA's bytes at a third (held out)."""
     mesh = build_mesh({"data": 8})

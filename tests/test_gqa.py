@@ -51,8 +51,8 @@ def test_grouped_kernels_equal_repeated_kv(kernel, groups):
 # On {"data": 8} the model group is all 8 devices: G=2 K/V heads are replicated 4x. On a
 # {"data": 2, "model": 4} mesh G=4 heads are split one per device, G=1 (multi-query) replicated.
 @pytest.mark.parametrize("plan, axes, kv, layers, batch", [
-    ([["tp_sp", 1], ["ulysses", 1], ["metp", 1], ["ring", 1]], {"data": 8}, 2, 4, 2),
-    ([["tp", 1], ["metp", 1], ["ulysses", 1]], {"data": 2, "model": 4}, 4, 3, 4),
+    pytest.param([["tp_sp", 1], ["ulysses", 1], ["metp", 1], ["ring", 1]], {"data": 8}, 2, 4, 2, marks=pytest.mark.slow),
+    pytest.param([["tp", 1], ["metp", 1], ["ulysses", 1]], {"data": 2, "model": 4}, 4, 3, 4, marks=pytest.mark.slow),
     ([["dp", 1], ["fsdp", 1]], {"data": 8}, 1, 2, 8),
 ])
 def test_mixed_plans_with_grouped_kv_match_reference(plan, axes, kv, layers, batch):

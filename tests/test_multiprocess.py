@@ -97,6 +97,7 @@ def runs(tmp_path_factory):
     return {"one": root / "one", "two": root / "two", "first": first, "resumed": resumed}
 
 
+@pytest.mark.slow  # three processes trained in one module fixture (~3 min)
 def test_two_processes_match_one_process_across_a_plan_switch_and_a_resume(runs):
     ref, two = _losses(runs["one"]), _losses(runs["two"])
     assert [r["step"] for r in two] == list(range(1, 9))
@@ -110,6 +111,7 @@ def test_two_processes_match_one_process_across_a_plan_switch_and_a_resume(runs)
     assert _own_lines(runs["first"][1][1]) == [] and _own_lines(runs["resumed"][1][1]) == []
 
 
+@pytest.mark.slow  # three processes trained in one module fixture (~3 min)
 def test_processes_share_the_persistent_compile_cache(runs):
     # Only process 0 writes entries. On CPU the cache key differs between processes, so process 0
     # alone reads them back (on GPU the key leaves the device assignment out and every process hits).
@@ -121,6 +123,7 @@ def test_processes_share_the_persistent_compile_cache(runs):
         assert "compilation(s) after warmup" not in err, err[-2000:]
 
 
+@pytest.mark.slow  # three processes trained in one module fixture (~3 min)
 def test_a_lost_peer_stops_the_others_within_the_timeout(tmp_path, runs):
     timeout = 5
     procs = _launch(tmp_path, 400, f"train.peer_timeout_s={timeout}",

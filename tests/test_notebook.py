@@ -8,6 +8,7 @@ from nbclient import NotebookClient
 from tests.conftest import ROOT
 
 
+@pytest.mark.slow  # a whole training run in a kernel; the API it uses is the default suite's
 @pytest.mark.timeout(900)
 def test_quickstart_notebook_executes():
     path = os.path.join(ROOT, "examples", "quickstart.ipynb")

@@ -122,6 +122,7 @@ def test_stages_must_run_the_same_sequence_of_runs():
         Pipeline(2, 2).check(plan, block_spec(model_config()), build_mesh({"stage": 2, "data": 2, "model": 2}), 16, 96)
 
 
+@pytest.mark.slow  # pipelines against the reference stay in the default suite
 def test_trainer_pipeline_trains_and_resumes_like_dp(tiny_config, tmp_path):
     # Same batches as dp (micro-batches x in-stage devices = 8 = the batch multiple of dp).
     common = ["model.n_layers=3", "data.buckets=[64]", "train.eval_every=2", "train.checkpoint_every=2"]

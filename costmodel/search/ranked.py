@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import numpy as np
+
 from costmodel.search.exact import exact_plan, leanest_plan
 from costmodel.search.paradyse import paradyse_plan
 from costmodel.search.result import SearchResult
@@ -41,9 +43,9 @@ class Ranking:
 
 
 def unlimited_budget(table) -> float:
-    """A byte budget every plan of `table` meets."""
-    return float(table.base_bytes + table.n_layers * table.layer_stored_bytes.max()
-                 + table.layer_peak_bytes.max() + table.switch_bytes.max())
+    """A byte budget every plan of `table` meets (whole bytes, rounded up as plans' bytes are)."""
+    return float(np.ceil(table.base_bytes + table.n_layers * table.layer_stored_bytes.max()
+                 + table.layer_peak_bytes.max() + table.switch_bytes.max()))
 
 
 def ranked_plans(table, budget_bytes: Optional[float], *, method: str = "exact",
