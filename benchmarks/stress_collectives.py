@@ -169,7 +169,8 @@ def watch(args, argv) -> int:
         steps += len(ran)
         if proc.returncode == 0 and "finished" in out:
             break
-        tail = [line for line in stderr.splitlines() if line.strip()][-6:]
+        # the runtime's own last lines, without the stack frames an abort prints after them
+        tail = [line for line in stderr.splitlines() if line.strip() and not line.lstrip().startswith("@ 0x")][-6:]
         live = [i for i in range(len(jobs)) if i not in excluded]
         if proc.returncode > 0 or not any(line.startswith("compiled ") for line in out):
             print("\n".join(tail), file=sys.stderr)  # a user error or a crash before running: not an abort
