@@ -51,8 +51,7 @@ def search_result(table, a: TableArrays, per_layer: Sequence[int], budget: float
                   optimal: bool = False, search_s: float = 0.0, info: Optional[dict] = None) -> SearchResult:
     """The result of a per-layer plan of `table` (whose arrays are `a`) under `budget` bytes."""
     idx = tuple(int(i) for i in per_layer)
-    time, nbytes = evaluate(a, idx)
-    nbytes = float(round(nbytes))  # whole bytes, as CostTable.plan_bytes
+    time, nbytes = evaluate(a, idx)  # bytes in whole bytes, as CostTable.plan_bytes
     return SearchResult(per_layer=idx, choices=tuple(table.choices[i] for i in idx), time_s=time, bytes=nbytes,
                         budget_bytes=float(budget), fits=bool(nbytes <= budget), method=method, optimal=optimal,
                         search_s=search_s, info=dict(info or {}))
