@@ -105,7 +105,8 @@ def main(argv=None) -> int:
             print(trainer.format_plans())
             c = trainer.compiles
             print(f"warmup: {len(report)} programs in {time.perf_counter() - t0:.1f} s; XLA compiled "
-                  f"{c.xla_compiled}, {c.cache_hits} from the compile cache ({trainer.compile_cache_dir or 'off'})")
+                  f"{c.xla_compiled}, {c.cache_hits} from the compile cache ({trainer.compile_cache_dir or 'off'})"
+                  + (f": {trainer.compile_cache_off}" if trainer.compile_cache_off else ""))
             return 0
         trainer.fit()
     except dysejax.UserError as e:

@@ -27,7 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from dysejax.runtime import simulate_host_devices  # noqa: E402  (imports no JAX)
+from dysejax.runtime import enable_compilation_cache, simulate_host_devices  # noqa: E402  (imports no JAX)
 
 simulate_host_devices(8)
 from results_io import write_json  # noqa: E402  (the script's folder is on sys.path)
@@ -240,11 +240,11 @@ def main(argv=None):
     import jax
 
     from sharding.mesh import build_mesh
-    if args.cache:  # compiled programs too: a rerun skips XLA's compile
-        jax.config.update("jax_compilation_cache_dir", os.path.join(args.cache, "jax_cache"))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     log = lambda msg: print(msg, flush=True)  # noqa: E731
+    if args.cache:  # compiled programs too: a rerun skips XLA's compile
+        refusal = enable_compilation_cache(os.path.join(args.cache, "jax_cache"))
+        if refusal:
+            log(f"compile cache: off ({refusal})")
     cache_file = os.path.join(args.cache, "costmodel_samples.json") if args.cache else None
     cache = {}
     if cache_file and os.path.exists(cache_file):

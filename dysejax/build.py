@@ -51,6 +51,7 @@ class Setup:
     state_layout: StateLayout
     programs: ProgramCache
     compile_cache_dir: Optional[str]  # the persistent compile cache (None: off)
+    compile_cache_off: Optional[str] = None  # why it is off although configured on
 
 
 def default_workdir(config_path: Optional[str]) -> str:
@@ -107,10 +108,13 @@ def build(config: Config, workdir: Optional[str] = None, verbose: bool = True) -
         if created is not None and writer:
             shutil.rmtree(created, ignore_errors=True)
         raise
-    compile_cache_dir = None
+    compile_cache_dir = compile_cache_off = None
     if config.train.compile_cache:  # on after planning: the cost model's calibration programs stay out
         compile_cache_dir = config.train.compile_cache_dir or os.path.join(workdir, "compile_cache")
-        runtime.enable_compilation_cache(compile_cache_dir)
+        compile_cache_off = runtime.enable_compilation_cache(compile_cache_dir)
+        if compile_cache_off:
+            log(f"compile cache: off ({compile_cache_off})")
+            compile_cache_dir = None
     model = Transformer(model_config)
     skip_nonfinite = config.train.nonfinite == "skip"
     programs = ProgramCache(
@@ -122,7 +126,7 @@ def build(config: Config, workdir: Optional[str] = None, verbose: bool = True) -
     programs.horizon = schedule_horizon(config.optimizer, config.train.steps)
     check_same_on_every_process(config, data, planner)
     return Setup(config, workdir, new_workdir, log, mesh, pipeline, data, budget, planner, model, optimizer,
-                 state_layout, programs, compile_cache_dir)
+                 state_layout, programs, compile_cache_dir, compile_cache_off)
 
 
 def open_data(config: Config, workdir: str, n_devices: int, pipeline: Optional[Pipeline], log) -> DataPipeline:

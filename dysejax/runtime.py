@@ -26,9 +26,11 @@ from dysejax.errors import ConfigError
 #   configs/dynamic.yaml). NPROC keeps threads to spare (never fewer than the cores).
 # - a collective aborts the process when some device has not arrived after 40 s. Sharing two
 #   cores, eight devices can drift apart by more than that on long steps (a 16,384-token step
-#   of configs/dynamic.yaml takes ~70 s), so the limit is 5 minutes. XLA:CPU still deadlocks
-#   now and then, rarely and not reproducibly (7 of 8 devices in a collective, the 8th idle,
-#   with threads to spare); the limit also bounds what that costs.
+#   of configs/dynamic.yaml takes ~70 s), so the limit is 5 minutes.
+# - programs with collectives on several CPU devices are not loaded from the persistent compile
+#   cache (`persistent_cache_refusal`): loaded, they lose the order of a loop's collectives and
+#   deadlock. This was the "rare" deadlock once noted here: it struck every run that loaded
+#   the program from a warm cache, and none that compiled it.
 CPU_FLAGS = ("--xla_disable_hlo_passes=cse_barrier_expander",
              "--xla_cpu_collective_call_terminate_timeout_seconds=300",
              "--xla_cpu_collective_call_warn_stuck_timeout_seconds=120")
@@ -205,17 +207,43 @@ def user_cache_dir(*parts: str) -> str:
     return os.path.join(root, *parts)
 
 
-def enable_compilation_cache(directory: str) -> None:
-    """Turn on JAX's persistent compilation cache in `directory`, small programs included."""
+def persistent_cache_refusal() -> Optional[str]:
+    """Why compiled programs must not be loaded from JAX's persistent cache in this process, or
+    None where they may.
+
+    XLA:CPU (jaxlib 0.10.2) orders a program's collectives through one shared resource, and
+    starts each only after the previous one has started; a loop or branch holding collectives
+    counts as one of them. An executable loaded from the persistent cache gets a resource of
+    its own for each loop body, so a loop's collectives are no longer ordered with those
+    around it: one simulated device starts the gather after a loop while the others still
+    wait in the loop's permute, and every device blocks for good (`only 7 of 8 arrived`). The
+    same program compiled in the process runs; loaded from the cache it deadlocks on every run
+    (`dp:2@selective,tp:2@selective` at 16 x 64 on configs/dynamic.yaml; docs/programs.md)."""
+    import jax
+
+    if jax.default_backend() == "cpu" and jax.device_count() > 1:
+        return (f"XLA:CPU with {jax.device_count()} devices: its cached programs lose the order of the "
+                f"collectives inside loops and can deadlock")
+    return None
+
+
+def enable_compilation_cache(directory: str) -> Optional[str]:
+    """Turn on JAX's persistent compilation cache in `directory`, small programs included.
+    Returns None, or why it stays off in this process (`persistent_cache_refusal`)."""
     import jax
     from jax._src import compilation_cache
 
+    refusal = persistent_cache_refusal()
+    if refusal:
+        jax.config.update("jax_enable_compilation_cache", False)  # also against JAX_COMPILATION_CACHE_DIR
+        return refusal
     directory = os.path.abspath(directory)  # JAX creates it at the first compilation
     if jax.config.jax_compilation_cache_dir != directory:
         jax.config.update("jax_compilation_cache_dir", directory)
         compilation_cache.reset_cache()  # re-read the directory on next use
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return None
 
 
 # JAX's GPU allocator takes this fraction of device memory unless told otherwise.

@@ -49,6 +49,7 @@ class Trainer:
         self.mesh, self.data, self.budget, self.planner = setup.mesh, setup.data, setup.budget, setup.planner
         self.model, self.optimizer, self.state_layout = setup.model, setup.optimizer, setup.state_layout
         self.programs, self.compile_cache_dir = setup.programs, setup.compile_cache_dir
+        self.compile_cache_off = setup.compile_cache_off  # why the persistent cache is off, if configured on
         self.n_devices = self.mesh.devices.size
         self.compiles = compile_counter()  # from here on: the planner's calibration is not the trainer's
         self._compiles_at_warmup = 0

@@ -28,18 +28,10 @@ atexit.register(shutil.rmtree, os.environ["DYSEJAX_CACHE_DIR"], True)
 
 TINY = os.path.join(ROOT, "configs", "tiny.yaml")
 
-# One persistent compile cache for the trainers of the whole session: many tests train the same
-# tiny model and compile the same programs, which XLA then compiles once. A test that counts
-# compilations or checks the cache names its own train.compile_cache_dir after FAST (the later
-# override wins).
-SHARED_COMPILE_CACHE = tempfile.mkdtemp(prefix="dysejax-tests-compile-cache-")
-atexit.register(shutil.rmtree, SHARED_COMPILE_CACHE, True)
-
 # Small, fast settings shared by trainer tests: two buckets, a few hundred documents, byte
 # tokens (tests of the trained BPE use it explicitly).
 FAST = ["data.tokenizer=bytes", "model.vocab_size=264", "data.buckets=[64,128]", "data.tokens_per_batch=1024", "data.max_docs=300",
-        "data.eval_batches=1", "train.progress=false", "model.d_model=64", "model.d_ff=128",
-        f"train.compile_cache_dir={SHARED_COMPILE_CACHE}"]
+        "data.eval_batches=1", "train.progress=false", "model.d_model=64", "model.d_ff=128"]
 
 
 @pytest.fixture

@@ -112,14 +112,13 @@ def test_two_processes_match_one_process_across_a_plan_switch_and_a_resume(runs)
 
 
 @pytest.mark.slow  # three processes trained in one module fixture (~3 min)
-def test_processes_share_the_persistent_compile_cache(runs):
-    # Only process 0 writes entries. On CPU the cache key differs between processes, so process 0
-    # alone reads them back (on GPU the key leaves the device assignment out and every process hits).
-    assert len([n for n in os.listdir(runs["two"] / "compile_cache") if n.startswith("jit_train_step")]) == 2
-    hits = runs["resumed"][0][2].count("Persistent compilation cache hit for 'jit_train_step'")
-    assert hits == 2, runs["resumed"][0][2][-2000:]
+def test_processes_keep_the_persistent_compile_cache_off_on_cpu(runs):
+    # XLA:CPU's cached multi-device programs can deadlock (dysejax.runtime.persistent_cache_refusal):
+    # every process compiles its programs, writes no entry and reads none
+    assert not os.path.exists(runs["two"] / "compile_cache")
+    assert "compile cache: off (XLA:CPU with 8 devices: its cached programs lose the order" in runs["first"][0][1]
     for i, (_, _, err) in runs["resumed"].items():
-        assert "Traceback" not in err and "persistent compilation cache entry" not in err, err[-2000:]
+        assert "Traceback" not in err and "Persistent compilation cache hit" not in err, err[-2000:]
         assert "compilation(s) after warmup" not in err, err[-2000:]
 
 

@@ -1,5 +1,6 @@
 """Program cache: warmup, zero compiles after warmup, plan switching, memory guard, compile API."""
 import os
+import re
 import subprocess
 import sys
 
@@ -87,17 +88,50 @@ def test_plan_mapping_errors(tiny_config, tmp_path):
     assert [p.id for p in t.planner.candidates(128)] == ["fsdp"]
 
 
-def test_warmup_only_cli_fills_the_persistent_cache(tmp_path):
-    env = dict(os.environ)
-    cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--config", TINY, "--workdir", str(tmp_path / "w"),
-           "--warmup-only", "--set", *FAST, "train.compile_cache_dir=" + str(tmp_path / "cache")]
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+def _warmup_only(tmp_path, name, cache, *overrides, devices=1):
+    """`train.py --warmup-only` in a fresh process with `devices` simulated CPU devices."""
+    env = dict(os.environ, XLA_FLAGS=" ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                                              if "xla_force_host_platform_device_count" not in f))
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--config", TINY, "--workdir", str(tmp_path / name),
+           "--warmup-only", "--set", *FAST, f"parallel.cpu_devices={devices}", f"train.compile_cache_dir={cache}",
+           *overrides]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _compiled_and_loaded(stdout, cache):
+    """(XLA compilations, programs loaded from the compile cache) a --warmup-only run reports."""
+    found = re.search(rf"XLA compiled (\d+), (\d+) from the compile cache \({re.escape(str(cache))}\)", stdout)
+    assert found, stdout
+    return int(found.group(1)), int(found.group(2))
+
+
+def test_warmup_only_cli_fills_the_persistent_cache_and_a_longer_run_compiles_nothing_new(tmp_path):
+    cache = tmp_path / "cache"
+    out = _warmup_only(tmp_path, "w", cache, "train.steps=3")
     assert out.returncode == 0, out.stderr
     # train and eval programs of buckets 64 and 128 (one fixed eval batch per bucket)
     assert "warmup train bucket     64" in out.stdout and "warmup: 4 programs" in out.stdout
-    assert len(os.listdir(tmp_path / "cache")) >= 3
+    assert _compiled_and_loaded(out.stdout, cache)[1] == 0 and _compiled_and_loaded(out.stdout, cache)[0] >= 4
+    assert len(os.listdir(cache)) >= 3
     assert not os.path.exists(tmp_path / "w" / "metrics.jsonl")
-    over = subprocess.run(cmd + ["parallel.memory_budget_gb=0.001"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    # the lr schedule's horizon is an input of the step: a longer run loads every program
+    again = _warmup_only(tmp_path, "longer", cache, "train.steps=80", "optimizer.total_steps=7")
+    compiled, loaded = _compiled_and_loaded(again.stdout, cache)
+    assert compiled == 0 and loaded >= 4, again.stdout + again.stderr
+    # a change that is compiled in (the peak lr is a constant of the step) is compiled again
+    changed = _warmup_only(tmp_path, "lr", cache, "optimizer.lr=1e-4")
+    assert _compiled_and_loaded(changed.stdout, cache)[0] >= 2, changed.stdout + changed.stderr
+
+
+def test_the_persistent_cache_stays_off_on_several_cpu_devices(tmp_path):
+    # XLA:CPU's cached multi-device programs can deadlock (dysejax.runtime.persistent_cache_refusal)
+    out = _warmup_only(tmp_path, "w", tmp_path / "cache", "data.buckets=[64]", devices=8)
+    assert out.returncode == 0, out.stderr
+    assert _compiled_and_loaded(out.stdout, "off")[1] == 0
+    assert ("from the compile cache (off): XLA:CPU with 8 devices: its cached programs lose "
+            "the order of the collectives inside loops and can deadlock") in out.stdout
+    assert not os.path.exists(tmp_path / "cache")
+    over = _warmup_only(tmp_path, "w", tmp_path / "cache", "data.buckets=[64]", "parallel.memory_budget_gb=0.001",
+                        devices=8)
     assert over.returncode == 2 and over.stderr.strip().splitlines()[-1].startswith(
         "error: bucket 64 (batch 16, train): no plan fits the memory budget")

@@ -11,9 +11,11 @@ collective its own channel when lowering for CPU; GPU and TPU lowering is untouc
 the id only marks a collective as cross-partition).
 
 Ordering. XLA:CPU runs independent operations of a program concurrently, and each collective
-blocks a thread until every device arrives, so collectives with no data dependence between
-them start in different orders on different devices. An `Ordering` is on only for a mesh of
-CPU devices: its ties route values through an optimization barrier (whose transpose ties the
+blocks a thread until every device arrives. Its executor starts collectives in the program's
+order (a loop holding collectives counts as one), so the order must be one XLA keeps; an
+executable loaded from the persistent compile cache loses it across loop bodies, which is why
+such programs are never loaded on CPU (`dysejax.runtime.persistent_cache_refusal`).
+An `Ordering` is on only for a mesh of CPU devices: its ties route values through an optimization barrier (whose transpose ties the
 gradients the same way in the backward) so that a run's weight gathers, the final norm's and
 the head's collectives follow the previous ones on every device; elsewhere they are the
 identity, where they would only cost overlap.
