@@ -1,7 +1,9 @@
 """Warmup and dispatch overhead of the per-bucket program cache.
 
 1. First vs second warmup of the tiny config with 6 buckets, each in a fresh process sharing
-   one fresh persistent compile cache (the second finds every program in the cache).
+   one fresh persistent compile cache (the second finds every program in the cache). On one
+   CPU device: with several, XLA:CPU programs are never loaded from the cache
+   (`dysejax.runtime.persistent_cache_refusal`).
 2. Host-side dispatch per step (next batch plan, materialise, device_put, program lookup)
    vs the step time at the smallest bucket.
 3. dysejax's train step vs a hand-written `jax.jit` train step of the same model, optimizer
@@ -32,9 +34,12 @@ OVERRIDES = [f"data.buckets={BUCKETS}", "train.progress=false", "data.eval_batch
 def warmup_seconds(cache: str, workdir: str) -> tuple[float, float]:
     """(warmup seconds as reported, process wall seconds) of one `--warmup-only` process."""
     cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--config", os.path.join(ROOT, "configs", "tiny.yaml"),
-           "--workdir", workdir, "--warmup-only", "--set", *OVERRIDES, f"train.compile_cache_dir={cache}"]
+           "--workdir", workdir, "--warmup-only", "--set", *OVERRIDES, f"train.compile_cache_dir={cache}",
+           "parallel.cpu_devices=1"]
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True,
+                         env=dict(os.environ, XLA_FLAGS=" ".join(flags)))
     wall = time.perf_counter() - t0
     return float(re.search(r"warmup: \d+ programs in ([\d.]+) s", out.stdout).group(1)), wall
 

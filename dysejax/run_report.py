@@ -40,11 +40,13 @@ def plan_rows(warmup_report: Sequence[dict], predicted: Optional[Callable[[int, 
 def format_plan_table(rows: Sequence[dict], budget: Optional[int], source: str) -> str:
     """The plan table printed before training."""
     limit = "unlimited" if budget is None else f"{budget / 2**30:.3f} GiB"
+    wp = max([28] + [len(r["plan"]) for r in rows])  # columns as wide as the longest plan id
+    wr = max([10] + [len(r["remat"]) for r in rows])
     lines = [f"plans ({source}; budget {limit} per device):",
-             f"{'bucket':>7} {'batch':>6}  {'plan':<28} {'remat':<10} {'predicted GiB':>13} {'XLA GiB':>9} "
+             f"{'bucket':>7} {'batch':>6}  {'plan':<{wp}} {'remat':<{wr}} {'predicted GiB':>13} {'XLA GiB':>9} "
              f"{'compile s':>9}"]
     for r in rows:
-        lines.append(f"{r['seq_len']:>7} {r['batch_size']:>6}  {r['plan']:<28} {r['remat']:<10} "
+        lines.append(f"{r['seq_len']:>7} {r['batch_size']:>6}  {r['plan']:<{wp}} {r['remat']:<{wr}} "
                      f"{_gib(r['predicted_bytes']):>13} {_gib(r['xla_bytes']):>9} {r['compile_s']:>9.2f}")
     return "\n".join(lines)
 
