@@ -17,6 +17,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from dysejax.batches import abstract_batch, batch_sharding
+from dysejax.compiled_memo import compile_once
 from dysejax.errors import PlanError
 from sharding.plan import Plan
 
@@ -119,6 +120,6 @@ class ProgramCache:
             fn = jax.jit(self.make_eval(plan), in_shardings=(self.state_shardings["params"], bsh),
                          out_shardings=replicated)
             lowered = fn.lower(params, batch)
-        compiled = lowered.compile()
+        compiled = compile_once(lowered, [d.id for d in self.mesh.devices.flat])
         memory, flops = _figures(compiled)
         return Program(key, plan, compiled, time.perf_counter() - t0, memory, flops, lambda: self.horizon)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
+from dysejax.compiled_memo import compile_once
 from dysejax.config import ModelConfig
 from dysejax.model.transformer import abstract_params, init_params
 from dysejax.optim import Optimizer
@@ -73,8 +74,8 @@ class StateLayout:
                 params = nn.unbox(init_params(self.model_cfg, jax.random.key(seed)))
                 return {"step": jnp.zeros((), jnp.int32), "params": params,
                         "opt_state": self.optimizer.init(params)}
-            self._compiled_init = jax.jit(build, out_shardings=self.shardings).lower(
-                jax.ShapeDtypeStruct((), jnp.uint32)).compile()
+            lowered = jax.jit(build, out_shardings=self.shardings).lower(jax.ShapeDtypeStruct((), jnp.uint32))
+            self._compiled_init = compile_once(lowered, [d.id for d in self.layout.mesh.devices.flat])
         return self._compiled_init
 
     def from_params(self, params):
