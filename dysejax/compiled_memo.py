@@ -4,12 +4,14 @@ JAX's in-memory caches key compiled programs by the traced function, so a second
 one configuration (a notebook re-run, a test after another) lowers the same module again and
 would compile it again; on XLA:CPU with several devices the persistent cache cannot serve it
 (`dysejax.runtime.persistent_cache_refusal`). Here a program is keyed by its lowered module's
-text and its devices, and the most recent `LIMIT` compiled programs are kept.
+text and its devices, and the most recent `LIMIT` compiled programs are kept with the seconds
+XLA took to compile them (what a comparison of plans charges each, whichever asked first).
 """
 from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections import OrderedDict
 from typing import Any, Sequence
 
@@ -19,16 +21,19 @@ _compiled: "OrderedDict[str, Any]" = OrderedDict()
 _lock = threading.Lock()
 
 
-def compile_once(lowered, device_ids: Sequence[int]):
-    """`lowered.compile()`, or the program an earlier identical lowering compiled in this process."""
+def compile_once(lowered, device_ids: Sequence[int]) -> tuple[Any, float]:
+    """(`lowered.compile()`, its seconds), or the program and seconds of an earlier identical
+    lowering in this process."""
     key = hashlib.sha256(lowered.as_text().encode() + repr(tuple(device_ids)).encode()).hexdigest()
     with _lock:
         if key in _compiled:
             _compiled.move_to_end(key)
             return _compiled[key]
+    t0 = time.perf_counter()
     compiled = lowered.compile()
+    entry = (compiled, time.perf_counter() - t0)
     with _lock:
-        _compiled[key] = compiled
+        _compiled[key] = entry
         while len(_compiled) > LIMIT:
             _compiled.popitem(last=False)
-    return compiled
+    return entry

@@ -75,7 +75,7 @@ class StateLayout:
                 return {"step": jnp.zeros((), jnp.int32), "params": params,
                         "opt_state": self.optimizer.init(params)}
             lowered = jax.jit(build, out_shardings=self.shardings).lower(jax.ShapeDtypeStruct((), jnp.uint32))
-            self._compiled_init = compile_once(lowered, [d.id for d in self.layout.mesh.devices.flat])
+            self._compiled_init, _ = compile_once(lowered, [d.id for d in self.layout.mesh.devices.flat])
         return self._compiled_init
 
     def from_params(self, params):
