@@ -27,6 +27,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from dysejax.runtime import without_device_count  # noqa: E402  (imports no JAX)
 BUCKETS = "[32,64,96,128,192,256]"
 OVERRIDES = [f"data.buckets={BUCKETS}", "train.progress=false", "data.eval_batches=0"]
 
@@ -36,10 +37,9 @@ def warmup_seconds(cache: str, workdir: str) -> tuple[float, float]:
     cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--config", os.path.join(ROOT, "configs", "tiny.yaml"),
            "--workdir", workdir, "--warmup-only", "--set", *OVERRIDES, f"train.compile_cache_dir={cache}",
            "parallel.cpu_devices=1"]
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True,
-                         env=dict(os.environ, XLA_FLAGS=" ".join(flags)))
+                         env=dict(os.environ, XLA_FLAGS=without_device_count(os.environ.get("XLA_FLAGS", ""))))
     wall = time.perf_counter() - t0
     return float(re.search(r"warmup: \d+ programs in ([\d.]+) s", out.stdout).group(1)), wall
 

@@ -47,6 +47,12 @@ def _write_cpu_environment(flags: str, n_devices: int) -> None:
     os.environ["XLA_FLAGS"] = " ".join(flags.split() + [f for f in CPU_FLAGS if f.split("=")[0] not in flags])
 
 
+def without_device_count(flags: str) -> str:
+    """XLA_FLAGS `flags` without a simulated-device count, for a child process that sets its own
+    (`parallel.cpu_devices`)."""
+    return " ".join(f for f in flags.split() if _COUNT_FLAG not in f)
+
+
 def simulate_host_devices(n_devices: int = 8) -> None:
     """For tests and scripts that set XLA up before importing JAX (imports no JAX): `n_devices`
     simulated CPU devices in XLA_FLAGS unless it names a count, and the CPU workarounds."""
@@ -218,7 +224,7 @@ def persistent_cache_refusal() -> Optional[str]:
     around it: one simulated device starts the gather after a loop while the others still
     wait in the loop's permute, and every device blocks for good (`only 7 of 8 arrived`). The
     same program compiled in the process runs; loaded from the cache it deadlocks on every run
-    (`dp:2@selective,tp:2@selective` at 16 x 64 on configs/dynamic.yaml; docs/programs.md)."""
+    (`dp:2@selective,tp:2@selective` at 16 x 64 on configs/dynamic.yaml; docs/architecture.md)."""
     import jax
 
     if jax.default_backend() == "cpu" and jax.device_count() > 1:

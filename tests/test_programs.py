@@ -9,6 +9,7 @@ import pytest
 
 import dysejax
 from dysejax.compile_watch import LOWER_EVENT
+from dysejax.runtime import without_device_count
 from tests.conftest import FAST, ROOT, TINY
 
 THREE_BUCKETS = ["data.buckets=[32,64,128]", "parallel.plan={32: dp, 64: tp, 128: tp_sp}",
@@ -90,8 +91,7 @@ def test_plan_mapping_errors(tiny_config, tmp_path):
 
 def _warmup_only(tmp_path, name, cache, *overrides, devices=1):
     """`train.py --warmup-only` in a fresh process with `devices` simulated CPU devices."""
-    env = dict(os.environ, XLA_FLAGS=" ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                                              if "xla_force_host_platform_device_count" not in f))
+    env = dict(os.environ, XLA_FLAGS=without_device_count(os.environ.get("XLA_FLAGS", "")))
     cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--config", TINY, "--workdir", str(tmp_path / name),
            "--warmup-only", "--set", *FAST, f"parallel.cpu_devices={devices}", f"train.compile_cache_dir={cache}",
            *overrides]
@@ -111,7 +111,8 @@ def test_warmup_only_cli_fills_the_persistent_cache_and_a_longer_run_compiles_no
     assert out.returncode == 0, out.stderr
     # train and eval programs of buckets 64 and 128 (one fixed eval batch per bucket)
     assert "warmup train bucket     64" in out.stdout and "warmup: 4 programs" in out.stdout
-    assert _compiled_and_loaded(out.stdout, cache)[1] == 0 and _compiled_and_loaded(out.stdout, cache)[0] >= 4
+    compiled, loaded = _compiled_and_loaded(out.stdout, cache)
+    assert compiled >= 4 and loaded == 0
     assert len(os.listdir(cache)) >= 3
     assert not os.path.exists(tmp_path / "w" / "metrics.jsonl")
     # the lr schedule's horizon is an input of the step: a longer run loads every program

@@ -14,11 +14,11 @@ Ordering. XLA:CPU runs independent operations of a program concurrently, and eac
 blocks a thread until every device arrives. Its executor starts collectives in the program's
 order (a loop holding collectives counts as one), so the order must be one XLA keeps; an
 executable loaded from the persistent compile cache loses it across loop bodies, which is why
-such programs are never loaded on CPU (`dysejax.runtime.persistent_cache_refusal`).
-An `Ordering` is on only for a mesh of CPU devices: its ties route values through an optimization barrier (whose transpose ties the
-gradients the same way in the backward) so that a run's weight gathers, the final norm's and
-the head's collectives follow the previous ones on every device; elsewhere they are the
-identity, where they would only cost overlap.
+such programs are never loaded on CPU (`dysejax.runtime.persistent_cache_refusal`). An
+`Ordering` is on only for a mesh of CPU devices: its ties route values through an optimization
+barrier (whose transpose ties the gradients the same way in the backward) so that a run's weight
+gathers, the final norm's and the head's collectives follow the previous ones on every device;
+elsewhere they are the identity, where they would only cost overlap.
 
 The layer stack (`sharding.stack`) owns the ties: it ties each run's and each sub-layer's
 weights, the final norm and the head to the activation stream. A ring built for a mesh
