@@ -30,7 +30,7 @@ def measure_layer(strategy: str, spec: BlockSpec, mesh, batch: int, seq_len: int
     figs = {}
     for n in (n1, n2):
         c = layer_step(strategy, spec, mesh, batch, seq_len, n_layers=n, remat=None if remat == "none" else remat,
-                       param_dtype=param_dtype or jnp.float32)
+                       param_dtype=param_dtype or jnp.float32, figures_only=True)
         figs[n] = figures(c)
     t1, t2 = figs[n1]["temp"], figs[n2]["temp"]
     slope = (t2 - t1) / (n2 - n1)
@@ -69,22 +69,22 @@ class Sample:
 
 def measure_samples(strategies: Sequence[str], spec: BlockSpec, mesh, batch: int, lengths: Sequence[int],
                     remats: Sequence[str] = ("none",), progress=None) -> list[Sample]:
-    """XLA samples for every strategy x length x remat (skipping what a strategy cannot serve)."""
+    """XLA samples for every strategy x length x remat (skipping what a strategy cannot serve),
+    a few compiled at once (`costmodel.probe.map_compiling`)."""
+    from costmodel.probe import map_compiling
     mesh_shape = dict(mesh.shape)
     backend = mesh.devices.flat[0].platform
+    jobs = [(s, strat, r) for s in lengths
+            for strat in strategies if strat in set(feasible_strategies(spec, mesh_shape, batch, s, strategies))
+            for r in remats]
     out = []
-    for s in lengths:
-        ok = set(feasible_strategies(spec, mesh_shape, batch, s, strategies))
-        for strat in strategies:
-            if strat not in ok:
-                continue
-            for r in remats:
-                m = measure_layer(strat, spec, mesh, batch, s, r)
-                sample = Sample(Shape(spec, mesh_shape, batch, s, backend=backend), strat, r, m["stored"], m["peak"],
-                                m["total"])
-                out.append(sample)
-                if progress:
-                    progress(sample)
+    for (s, strat, r), m in zip(jobs, map_compiling(lambda job: measure_layer(job[1], spec, mesh, batch, job[0], job[2]),
+                                                     jobs)):
+        sample = Sample(Shape(spec, mesh_shape, batch, s, backend=backend), strat, r, m["stored"], m["peak"],
+                        m["total"])
+        out.append(sample)
+        if progress:
+            progress(sample)
     return out
 
 
@@ -190,23 +190,27 @@ class LossSample:
 
 def measure_loss_samples(strategies: Sequence[str], spec: BlockSpec, mesh, shapes: Sequence[tuple[int, int]],
                          vocabs: Sequence[int], chunks: Sequence[int], progress=None) -> list[LossSample]:
-    """XLA loss samples for every strategy x (batch, seq_len) x vocabulary x chunk it can serve."""
-    from costmodel.probe import loss_step
+    """XLA loss samples for every strategy x (batch, seq_len) x vocabulary x chunk it can serve,
+    a few compiled at once (`costmodel.probe.map_compiling`)."""
+    from costmodel.probe import loss_step, map_compiling
     mesh_shape, backend = dict(mesh.shape), mesh.devices.flat[0].platform
+    jobs = [(batch, seq_len, strategy, vocab, chunk) for batch, seq_len in shapes
+            for strategy in strategies if strategy in set(feasible_strategies(spec, mesh_shape, batch, seq_len, strategies))
+            for vocab in vocabs for chunk in chunks]
+
+    def temp_and_output(job):
+        batch, seq_len, strategy, vocab, chunk = job
+        mem = loss_step(strategy, spec, mesh, batch, seq_len, vocab, chunk).memory_analysis()
+        return mem.temp_size_in_bytes + mem.output_size_in_bytes
+
     out = []
-    for batch, seq_len in shapes:
-        ok = set(feasible_strategies(spec, mesh_shape, batch, seq_len, strategies))
-        for strategy in (s for s in strategies if s in ok):
-            for vocab in vocabs:
-                for chunk in chunks:
-                    mem = loss_step(strategy, spec, mesh, batch, seq_len, vocab, chunk).memory_analysis()
-                    shape = Shape(spec, mesh_shape, batch, seq_len, backend=backend)
-                    head_grad = embedding_elems(vocab, spec.d_model, shape.n_devices) * shape.param_bytes
-                    sample = LossSample(shape, strategy, vocab, chunk,
-                                        float(mem.temp_size_in_bytes + mem.output_size_in_bytes - head_grad))
-                    out.append(sample)
-                    if progress:
-                        progress(sample)
+    for (batch, seq_len, strategy, vocab, chunk), nbytes in zip(jobs, map_compiling(temp_and_output, jobs)):
+        shape = Shape(spec, mesh_shape, batch, seq_len, backend=backend)
+        head_grad = embedding_elems(vocab, spec.d_model, shape.n_devices) * shape.param_bytes
+        sample = LossSample(shape, strategy, vocab, chunk, float(nbytes - head_grad))
+        out.append(sample)
+        if progress:
+            progress(sample)
     return out
 
 

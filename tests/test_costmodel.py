@@ -212,6 +212,23 @@ def test_matmul_flops_match_compiled_hlo():
     assert abs(hlo - analytic) / analytic < 0.1, (hlo, analytic)
 
 
+def test_programs_compiled_only_for_figures_have_the_optimised_figures(monkeypatch):
+    """Calibration compiles programs it never runs with LLVM at -O0: every byte and FLOP figure
+    equals the optimised compile's (the suite itself runs at -O0, so -O2 is asked for here)."""
+    from costmodel import probe
+    mesh = build_mesh({"data": 8})
+    quick = figures(layer_step("ring", SPEC_TINY, mesh, 1, 256, n_layers=2, remat="selective", figures_only=True))
+    monkeypatch.setattr(probe, "figures_only_options", lambda mesh: {"xla_backend_optimization_level": 2})
+    optimised = figures(layer_step("ring", SPEC_TINY, mesh, 1, 256, n_layers=2, remat="selective", figures_only=True))
+    assert quick == optimised
+
+
+def test_map_compiling_keeps_the_order_of_its_items():
+    from costmodel.probe import map_compiling
+    assert list(map_compiling(lambda n: n * n, list(range(9)), workers=3)) == [n * n for n in range(9)]
+    assert list(map_compiling(str, [1], workers=4)) == ["1"]
+
+
 # ------------------------------------------------------------------------------------------------
 # Profile and its cache
 # ------------------------------------------------------------------------------------------------
