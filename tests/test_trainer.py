@@ -11,8 +11,8 @@ ROW_KEYS = {"step", "loss", "tokens", "bucket", "plan", "step_time_s", "loss_tok
 
 
 # Trainers whose programs differ from the plain tiny config's skip the eval programs they do
-# not test; references keep the plain config, whose programs the session's shared compile cache
-# already holds (tests/conftest.py).
+# not test; references keep the plain config, whose programs an earlier test in this worker
+# process has usually compiled already (dysejax/compiled_memo.py reuses them).
 NO_EVAL = "data.eval_batches=0"
 
 
