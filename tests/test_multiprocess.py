@@ -1,6 +1,6 @@
 """Several processes through `train.py --coordinator`: 2 x 4 simulated CPU devices against 1 x 8
-(a plan switch between buckets, a checkpoint resume, the persistent compile cache kept off), a lost peer, and
-processes that cannot join."""
+(a plan switch between buckets, a checkpoint resume, the persistent compile cache kept off), a
+lost peer, and processes that cannot join."""
 import json
 import os
 import re
