@@ -74,12 +74,11 @@ def measure_samples(strategies: Sequence[str], spec: BlockSpec, mesh, batch: int
     from costmodel.probe import map_compiling
     mesh_shape = dict(mesh.shape)
     backend = mesh.devices.flat[0].platform
-    jobs = [(s, strat, r) for s in lengths
-            for strat in strategies if strat in set(feasible_strategies(spec, mesh_shape, batch, s, strategies))
-            for r in remats]
+    feasible = {s: set(feasible_strategies(spec, mesh_shape, batch, s, strategies)) for s in lengths}
+    jobs = [(s, strat, r) for s in lengths for strat in strategies if strat in feasible[s] for r in remats]
+    measured = map_compiling(lambda job: measure_layer(job[1], spec, mesh, batch, job[0], job[2]), jobs)
     out = []
-    for (s, strat, r), m in zip(jobs, map_compiling(lambda job: measure_layer(job[1], spec, mesh, batch, job[0], job[2]),
-                                                     jobs)):
+    for (s, strat, r), m in zip(jobs, measured):
         sample = Sample(Shape(spec, mesh_shape, batch, s, backend=backend), strat, r, m["stored"], m["peak"],
                         m["total"])
         out.append(sample)
@@ -194,9 +193,9 @@ def measure_loss_samples(strategies: Sequence[str], spec: BlockSpec, mesh, shape
     a few compiled at once (`costmodel.probe.map_compiling`)."""
     from costmodel.probe import loss_step, map_compiling
     mesh_shape, backend = dict(mesh.shape), mesh.devices.flat[0].platform
-    jobs = [(batch, seq_len, strategy, vocab, chunk) for batch, seq_len in shapes
-            for strategy in strategies if strategy in set(feasible_strategies(spec, mesh_shape, batch, seq_len, strategies))
-            for vocab in vocabs for chunk in chunks]
+    feasible = {bs: set(feasible_strategies(spec, mesh_shape, *bs, strategies)) for bs in shapes}
+    jobs = [(batch, seq_len, strategy, vocab, chunk) for batch, seq_len in shapes for strategy in strategies
+            if strategy in feasible[(batch, seq_len)] for vocab in vocabs for chunk in chunks]
 
     def temp_and_output(job):
         batch, seq_len, strategy, vocab, chunk = job

@@ -28,8 +28,8 @@ R = TypeVar("R")
 
 def figures_only_options(mesh: Mesh) -> Optional[dict]:
     """Compiler options for a program compiled only to read its figures, never run: on XLA:CPU
-    the LLVM backend at -O0 (a third to a half less compile time; buffer assignment, so every
-    byte figure, and the FLOP count come from the HLO passes before it and do not change)."""
+    the LLVM backend at -O0 (less compile time; buffer assignment, so every byte figure, and
+    the FLOP count come from the HLO passes before it and do not change)."""
     return {"xla_backend_optimization_level": 0} if mesh.devices.flat[0].platform == "cpu" else None
 
 

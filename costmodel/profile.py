@@ -106,9 +106,9 @@ def measure_times(mesh, spec: BlockSpec, batch: int, lengths: Sequence[int], str
                   progress: Optional[Callable] = None, min_round_s: float = 0.3,
                   options: Optional[Sequence[tuple[str, str]]] = None) -> list[TimeSample]:
     """Compile each strategy x length x remat's n-layer step (or each (strategy, remat) of
-    `options`; a few at once, `costmodel.probe.map_compiling`), then time them all on the devices here in interleaved rounds (every program in
-    every round, `repeats` rounds after a warmup round; a program shorter than `min_round_s`
-    runs up to 8 times per round), so that a change in machine load hits every program alike.
+    `options`; a few at once, `costmodel.probe.map_compiling`), then time them all on the
+    devices here in interleaved rounds (every program in every round, `repeats` rounds after a
+    warmup round; a program shorter than `min_round_s` runs up to 8 times per round), so that a change in machine load hits every program alike.
     Seconds = min of the runs, median kept too. Strategies that cannot serve a shape are skipped."""
     import jax
 
@@ -117,8 +117,8 @@ def measure_times(mesh, spec: BlockSpec, batch: int, lengths: Sequence[int], str
     if options is None:
         options = [(strat, r) for strat in (strategies or strategy_names()) for r in remats]
     names = list(dict.fromkeys(o[0] for o in options))
-    jobs = [(s, strat, r) for s in lengths for strat, r in options
-            if strat in set(feasible_strategies(spec, mesh_shape, batch, s, names))]
+    feasible = {s: set(feasible_strategies(spec, mesh_shape, batch, s, names)) for s in lengths}
+    jobs = [(s, strat, r) for s in lengths for strat, r in options if strat in feasible[s]]
     compiled = map_compiling(lambda job: layer_step(job[1], spec, mesh, batch, job[0], n_layers=n_layers,
                                                     remat=None if job[2] == "none" else job[2]), jobs)
     programs = [(s, strat, r, c, concrete_inputs(c)) for (s, strat, r), c in zip(jobs, compiled)]
