@@ -18,7 +18,8 @@ share of it.
 
 Cases are model:BATCHxLENGTH[:docs]:remat; `docs` > 1 packs that many equal documents into
 each row. Models: `small` (configs/dynamic.yaml: d 128, 4 layers, 8 heads, d_ff 384 gated) and
-`wide` (the same with d 512, d_ff 1536); `base` is --config as it is. A case whose step needs
+`mid` and `wide` (the same with d 256, d_ff 768: heads of 32, and d 512, d_ff 1536: heads of 64);
+`base` is --config as it is. A case whose step needs
 more XLA temp memory than --max-gib is compiled, not run (the plain step keeps every block's
 probabilities for its backward: 46.7 GiB at 1 x 16,384 without remat).
 """
@@ -33,7 +34,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 CONFIG = os.path.join(ROOT, "configs", "dynamic.yaml")
-MODELS = {"small": [], "base": [], "wide": ["model.d_model=512", "model.d_ff=1536"]}  # overrides of --config
+MODELS = {"small": [], "base": [], "mid": ["model.d_model=256", "model.d_ff=768"],
+          "wide": ["model.d_model=512", "model.d_ff=1536"]}  # overrides of --config
 DEFAULT_CASES = ("small:8x512:none", "small:8x512:selective", "small:1x4096:none", "small:1x4096:selective",
                  "small:1x8192:selective", "small:1x16384:none", "small:1x4096:4:none", "small:1x4096:4:selective",
                  "wide:8x512:none", "wide:8x512:selective", "wide:1x4096:none", "wide:1x4096:selective")
