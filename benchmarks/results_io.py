@@ -24,11 +24,12 @@ def _git(*args: str) -> str:
 def provenance() -> dict:
     """Commit, dirty flag (changed tracked files other than results: a run that rewrites a
     committed result is not a run of changed code), versions, platform, devices, scheduling
-    priority and command line of this process."""
+    priority, the CPUs it may run on and command line of this process."""
     out = {"commit": _git("rev-parse", "HEAD") or None,
            "dirty": bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".",
                               ":(exclude)benchmarks/results")),
            "nice": os.nice(0) if hasattr(os, "nice") else None,
+           "cpus_allowed": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
            "python": platform.python_version(), "platform": platform.platform(), "machine": platform.machine(),
            "cpu_count": os.cpu_count(), "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
            if sys.argv and sys.argv[0] else None,
