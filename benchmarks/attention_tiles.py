@@ -1,9 +1,9 @@
 """The flash kernel's tile size against the plain block loop, attention alone, on one CPU device.
 
-`sharding/ops/flash.py` halves the requested tile while one tile's scores over batch and heads
-(B·H·bq·bk float32) exceed `TILE_ELEMENTS`, down to `MIN_TILE`. This sweeps that bound (and
-the floor) at given shapes, forward + backward of one layer's causal attention, against the
-plain block loop of `plain_step.py` (query block i attends to keys [0, (i+1)·512)); gradients
+`sharding/ops/flash.py` cuts the requested tile to `MAX_TILE` a side, then halves it while one
+tile's scores over batch and heads (B·H·bq·bk float32) exceed `TILE_ELEMENTS`, down to
+`MIN_TILE`. This sweeps those bounds at given shapes, forward + backward of one layer's causal
+attention, against the plain block loop of `plain_step.py` (query block i attends to keys [0, (i+1)·512)); gradients
 of every setting are asserted equal to the plain loop's first. Rounds are interleaved (the
 order reversed every round); medians and ranges, and plain / setting (> 1: the kernel faster).
 
@@ -32,7 +32,7 @@ def parse_case(text: str) -> dict:
     return {"name": text, "batch": batch, "seq": seq, "heads": heads, "head_dim": head_dim, "docs": int(docs or 1)}
 
 
-def run_case(case: dict, settings: list[tuple[int, int]], rounds: int, block: int, tol: float) -> dict:
+def run_case(case: dict, settings: list[tuple[int, int, int]], rounds: int, block: int, tol: float) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -55,18 +55,18 @@ def run_case(case: dict, settings: list[tuple[int, int]], rounds: int, block: in
     plain = grads_of(lambda q, k, v: plain_step.attention(q, k, v, seg, block=block))
     want = plain(q, k, v)
     runners, tiles, errors = {"plain": lambda: timed(plain, q, k, v)}, {}, {}
-    saved = flash.TILE_ELEMENTS, flash.MIN_TILE
+    saved = flash.TILE_ELEMENTS, flash.MIN_TILE, flash.MAX_TILE
     try:
-        for elements, floor in settings:
-            flash.TILE_ELEMENTS, flash.MIN_TILE = elements, floor  # read when the kernel is traced
-            name = f"{elements}/{floor}"
+        for elements, floor, cap in settings:
+            flash.TILE_ELEMENTS, flash.MIN_TILE, flash.MAX_TILE = elements, floor, cap  # read when traced
+            name = f"{elements}/{floor}/{cap}"
             fn = grads_of(lambda q, k, v: local_attention(q, k, v, spec, q_segment_ids=seg, kv_segment_ids=seg))
             errors[name] = max(relative_error(a, b) for a, b in zip(fn(q, k, v), want))  # traces and compiles here
             assert errors[name] <= tol, f"{case['name']} {name}: gradients differ by {errors[name]:.2e}"
             tiles[name] = flash.tile_sizes(block, block, S, S, B * H)
             runners[name] = (lambda fn: lambda: timed(fn, q, k, v))(fn)
     finally:
-        flash.TILE_ELEMENTS, flash.MIN_TILE = saved
+        flash.TILE_ELEMENTS, flash.MIN_TILE, flash.MAX_TILE = saved
     times = interleaved(runners, rounds)
     return {**case, "tiles": tiles, "grad_rel_err": errors, "seconds": {n: summary(t) for n, t in times.items()}}
 
@@ -76,19 +76,20 @@ def main(argv=None) -> int:
     p.add_argument("--cases", default="8x512x8x64,1x4096x8x64,8x512x8x16,1x4096x8x16")
     p.add_argument("--tile-elements", type=int, nargs="+", default=[1 << 18, 1 << 20, 1 << 22])
     p.add_argument("--min-tiles", type=int, nargs="+", default=[64])
+    p.add_argument("--max-tiles", type=int, nargs="+", default=[128, 512])
     p.add_argument("--block", type=int, default=512, help="the requested tile (the model's attention_block)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--tol", type=float, default=1e-5)
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     cases = [parse_case(c) for c in args.cases.split(",")]
-    settings = [(e, m) for e in args.tile_elements for m in args.min_tiles]
+    settings = [(e, m, c) for e in args.tile_elements for m in args.min_tiles for c in args.max_tiles]
     import time
 
     import jax
     t0, results = time.perf_counter(), []
     print(f"device: {jax.devices()[0].platform}; attention forward + backward, {args.rounds} interleaved rounds; "
-          "setting = TILE_ELEMENTS/MIN_TILE, tile = (bq, bk); ratio = plain median / setting median")
+          "setting = TILE_ELEMENTS/MIN_TILE/MAX_TILE, tile = (bq, bk); ratio = plain median / setting median")
     for case in cases:
         r = run_case(case, settings, args.rounds, args.block, args.tol)
         results.append(r)

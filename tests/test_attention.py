@@ -497,11 +497,12 @@ def test_schedule_of_a_block_in_the_future_or_of_another_document_is_empty():
 
 
 def test_tiles_are_halved_to_a_cache_sized_tile():
-    from sharding.ops.flash import MIN_TILE, TILE_ELEMENTS, tile_sizes
+    from sharding.ops.flash import MAX_TILE, MIN_TILE, TILE_ELEMENTS, tile_sizes
     assert tile_sizes(512, 512, 4096, 4096, batch_heads=8) == (128, 128)  # 8 x 128 x 128 = 2^17
     assert tile_sizes(512, 512, 512, 512, batch_heads=64) == (64, 64)
     assert tile_sizes(48, 48, 200, 200, batch_heads=16) == (48, 48)  # small tiles stay
-    assert tile_sizes(512, 512, 100, 300, batch_heads=1) == (100, 300)  # at most the lengths
+    assert tile_sizes(512, 512, 100, 300, batch_heads=1) == (100, MAX_TILE)  # at most the lengths and MAX_TILE
+    assert tile_sizes(512, 512, 4096, 4096, batch_heads=1) == (MAX_TILE, MAX_TILE)  # one row and head (ulysses)
     assert tile_sizes(512, 512, 512, 512, batch_heads=4096) == (MIN_TILE, MIN_TILE)
     bq, bk = tile_sizes(512, 256, 4096, 4096, batch_heads=16)
     assert 16 * bq * bk <= TILE_ELEMENTS and (bq, bk) == (128, 128)

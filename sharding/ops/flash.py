@@ -23,10 +23,11 @@ tile's probabilities from that log-sum-exp (flash attention 2), so nothing score
 between them. Fully masked query rows (padding) give out 0, lse -inf and no gradient, with
 no NaN anywhere.
 
-Tiles are cache-sized: a requested tile (the model's `attention_block`) is halved while a
-tile's scores, B·H·bq·bk float32, exceed `TILE_ELEMENTS` (1 MiB), down to `MIN_TILE`.
-Measured on CPU (B·H = 64, S = 512): 64-wide tiles ran the forward + backward 2.7x faster
-than one 512 x 512 tile (benchmarks/step_vs_plain.py times the kernel against a plain one).
+Tiles are cache-sized: a requested tile (the model's `attention_block`) is cut to `MAX_TILE`
+a side, then halved while a tile's scores, B·H·bq·bk float32, exceed `TILE_ELEMENTS` (1 MiB),
+down to `MIN_TILE`. Measured on CPU (benchmarks/attention_tiles.py, docs/attention.md): 64-128
+a side is fastest at head dims 16-128 whatever B·H; one 512 x 512 tile per row and head (what
+the B·H bound alone gives ulysses' or METP's one head per device) ran 1.7x slower at 1 x 4,096.
 
 `flash_forward` / `flash_backward` take and give the strategies' layout; the differentiable
 entry over this or the Pallas kernel is `sharding.ops.kernels.flash_attention`.
@@ -46,6 +47,7 @@ _F32 = jnp.float32
 _BIG = jnp.iinfo(jnp.int32).max
 TILE_ELEMENTS = 1 << 18  # scores of one tile over batch and heads: 1 MiB of float32
 MIN_TILE = 64
+MAX_TILE = 128
 
 
 def default_scale(head_dim: int) -> float:
@@ -76,9 +78,9 @@ def materialize_ids(B, Sq, Skv, q_segment_ids=None, kv_segment_ids=None, q_index
 
 def tile_sizes(bq: int, bk: int, sq: int, skv: int, batch_heads: int) -> tuple[int, int]:
     """The (query, key) tile the kernel uses for requested tiles bq x bk over sq x skv: each at
-    most its length, then the larger (both when equal) halved while batch_heads x bq x bk >
-    TILE_ELEMENTS, never below MIN_TILE."""
-    bq, bk = max(1, min(int(bq), sq)), max(1, min(int(bk), skv))
+    most its length and MAX_TILE, then the larger (both when equal) halved while batch_heads x
+    bq x bk > TILE_ELEMENTS, never below MIN_TILE."""
+    bq, bk = (max(1, min(int(b), n, MAX_TILE)) for b, n in ((bq, sq), (bk, skv)))
     while batch_heads * bq * bk > TILE_ELEMENTS and max(bq, bk) > MIN_TILE:
         half = lambda b: max(MIN_TILE, -(-b // 2))  # noqa: E731
         bq, bk = (half(bq) if bq >= bk else bq), (half(bk) if bk >= bq else bk)
