@@ -9,13 +9,11 @@ import time
 
 import pytest
 
-from tests.conftest import FAST, ROOT, TINY
+from tests.conftest import FAST, ROOT, TINY, compile_flags
 
 
 def _env():
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)  # the CLI must set up 8 CPU devices by itself
-    return env
+    return dict(os.environ, XLA_FLAGS=compile_flags())  # the CLI must set up 8 CPU devices by itself
 
 
 def _cmd(workdir, steps, *extra):

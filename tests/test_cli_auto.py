@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import FAST, ROOT, TINY
+from tests.conftest import FAST, ROOT, TINY, compile_flags
 
 MIXED = "ring:1@selective,metp:1@full"  # a plan id: runs, layer counts and remat policies
 HARDWARE = "parallel.hardware=h100"
@@ -19,8 +19,7 @@ WRITTEN = "ring:4@full,metp:4@full"
 
 
 def _run(workdir, *settings, flags=(), steps=3):
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)  # the CLI sets up its devices itself
+    env = dict(os.environ, XLA_FLAGS=compile_flags())  # the CLI sets up its devices itself
     cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--config", TINY, "--workdir", str(workdir),
            "--steps", str(steps), "--set", *FAST, "data.eval_batches=0", "train.checkpoint_every=100", *settings, *flags]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, TINY
+from tests.conftest import ROOT, TINY, compile_flags
 
 # Two buckets, each with its own plan; with this seed step 3 and step 8 are 64-token batches (dp)
 # and the others 128-token ones (fsdp). The schedule horizon is fixed so every run shares programs.
@@ -29,7 +29,7 @@ def _free_port() -> int:
 
 
 def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # train.py sets up its own devices
+    env = dict(os.environ, XLA_FLAGS=compile_flags())  # train.py sets up its own devices
     env.update(extra)
     return env
 

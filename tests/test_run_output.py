@@ -9,12 +9,13 @@ import train
 from tests.conftest import FAST, TINY
 
 
-def _cli(tmp_path, *args, env_flags="--xla_cpu_enable_fast_math=false"):
+def _cli(tmp_path, *args):
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
-    env = dict(os.environ, XLA_FLAGS=env_flags)  # a user's unrelated flag: still 8 simulated devices
+    from tests.conftest import ROOT, compile_flags
+    # a user's unrelated flag (and the tests' compile flags): still 8 simulated devices
+    env = dict(os.environ, XLA_FLAGS=f"--xla_cpu_enable_fast_math=false {compile_flags()}")
     return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--config", TINY, *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
