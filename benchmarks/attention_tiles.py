@@ -3,9 +3,10 @@
 `sharding/ops/flash.py` cuts the requested tile to `MAX_TILE` a side, then halves it while one
 tile's scores over batch and heads (B·H·bq·bk float32) exceed `TILE_ELEMENTS`, down to
 `MIN_TILE`. This sweeps those bounds at given shapes, forward + backward of one layer's causal
-attention, against the plain block loop of `plain_step.py` (query block i attends to keys [0, (i+1)·512)); gradients
-of every setting are asserted equal to the plain loop's first. Rounds are interleaved (the
-order reversed every round); medians and ranges, and plain / setting (> 1: the kernel faster).
+attention, against the plain block loop of `plain_step.py` (query block i attends to keys
+[0, (i+1)·512)); gradients of every setting are asserted equal to the plain loop's first.
+Rounds are interleaved (the order reversed every round); medians and ranges, and plain /
+setting (> 1: the kernel faster).
 
     python benchmarks/attention_tiles.py --cases 8x512x8x64,1x4096x8x64,8x512x8x16 \
         --tile-elements 262144 1048576 4194304 --json benchmarks/results/attention_tiles.json

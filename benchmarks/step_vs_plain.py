@@ -17,11 +17,11 @@ share of it.
     python benchmarks/gpu.py --vs-plain                                         # the same on a GPU
 
 Cases are model:BATCHxLENGTH[:docs]:remat; `docs` > 1 packs that many equal documents into
-each row. Models: `small` (configs/dynamic.yaml: d 128, 4 layers, 8 heads, d_ff 384 gated) and
-`mid` and `wide` (the same with d 256, d_ff 768: heads of 32, and d 512, d_ff 1536: heads of 64);
-`base` is --config as it is. A case whose step needs
-more XLA temp memory than --max-gib is compiled, not run (the plain step keeps every block's
-probabilities for its backward: 46.7 GiB at 1 x 16,384 without remat).
+each row. Models: `small` (configs/dynamic.yaml: d 128, 4 layers, 8 heads, d_ff 384 gated),
+`mid` and `wide` (the same with d 256, d_ff 768: heads of 32, and d 512, d_ff 1536: heads of
+64); `base` is --config as it is. A case whose step needs more XLA temp memory than --max-gib
+is compiled, not run (the plain step keeps every block's probabilities for its backward:
+46.7 GiB at 1 x 16,384 without remat).
 """
 from __future__ import annotations
 

@@ -108,8 +108,9 @@ def measure_times(mesh, spec: BlockSpec, batch: int, lengths: Sequence[int], str
     """Compile each strategy x length x remat's n-layer step (or each (strategy, remat) of
     `options`; a few at once, `costmodel.probe.map_compiling`), then time them all on the
     devices here in interleaved rounds (every program in every round, `repeats` rounds after a
-    warmup round; a program shorter than `min_round_s` runs up to 8 times per round), so that a change in machine load hits every program alike.
-    Seconds = min of the runs, median kept too. Strategies that cannot serve a shape are skipped."""
+    warmup round; a program shorter than `min_round_s` runs up to 8 times per round), so that a
+    change in machine load hits every program alike. Seconds = min of the runs, median kept too.
+    Strategies that cannot serve a shape are skipped."""
     import jax
 
     from costmodel.probe import layer_step, map_compiling
