@@ -24,7 +24,7 @@ def _git(*args: str) -> str:
 def provenance() -> dict:
     """Commit, dirty flag (changed tracked files other than results: a run that rewrites a
     committed result is not a run of changed code), versions, platform, devices, scheduling
-    priority, the CPUs it may run on and command line of this process."""
+    priority, the CPUs it may run on, XLA:CPU's pool threads and command line of this process."""
     out = {"commit": _git("rev-parse", "HEAD") or None,
            "dirty": bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".",
                               ":(exclude)benchmarks/results")),
@@ -39,7 +39,9 @@ def provenance() -> dict:
         import jaxlib
         out.update(jax=jax.__version__, jaxlib=jaxlib.__version__, device_count=jax.device_count(),
                    device_kind=jax.devices()[0].device_kind, backend=jax.default_backend(),
-                   xla_flags=os.environ.get("XLA_FLAGS", ""))
+                   xla_flags=os.environ.get("XLA_FLAGS", ""),
+                   # XLA:CPU sizes its thread pools (intra-op included) by these, else by the cores
+                   cpu_pool_threads=os.environ.get("PJRT_NPROC") or os.environ.get("NPROC"))
     return out
 
 

@@ -72,3 +72,64 @@ def tiny_config():
     def make(*extra):
         return dysejax.load_config(TINY, FAST + list(extra))
     return make
+
+
+# --------------------------------------------------------------------------------------------
+# Test files in order of their measured seconds, longest first (`--dist loadfile` keeps a file in
+# one worker: started last, a long file leaves the other workers idle at the end). The seconds
+# are those of the last run recorded with `--record-file-seconds tests/file_seconds.json`, kept
+# per marker expression (the default suite and `-m slow` differ); a file not recorded yet goes
+# first. Without the file, the order is pytest-xdist's (most tests first).
+# --------------------------------------------------------------------------------------------
+FILE_SECONDS = os.path.join(ROOT, "tests", "file_seconds.json")
+_recorded: dict = {}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-file-seconds", metavar="PATH",
+                     help="write each test file's seconds (setup + call + teardown) to this JSON, under the "
+                          "-m expression; tests/file_seconds.json orders the files of later runs")
+
+
+def _file_seconds(path: str, selection: str) -> dict:
+    import json
+    try:
+        with open(path) as fh:
+            return json.load(fh).get(selection, {})
+    except (OSError, ValueError):
+        return {}
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False  # pytest-xdist: keep the collection order below
+
+
+def pytest_collection_modifyitems(config, items):
+    seconds = _file_seconds(FILE_SECONDS, config.option.markexpr)
+    first_seen: dict = {}
+    for item in items:
+        first_seen.setdefault(item.nodeid.split("::")[0], len(first_seen))
+    items.sort(key=lambda item: (-seconds.get(item.nodeid.split("::")[0], float("inf")),
+                                 first_seen[item.nodeid.split("::")[0]]))
+
+
+def pytest_runtest_logreport(report):
+    name = report.nodeid.split("::")[0]
+    _recorded[name] = _recorded.get(name, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = session.config.getoption("--record-file-seconds")
+    if not path or hasattr(session.config, "workerinput"):  # written once, by the controller
+        return
+    import json
+    try:
+        with open(path) as fh:
+            table = json.load(fh)
+    except (OSError, ValueError):
+        table = {}
+    table[session.config.option.markexpr] = {k: round(v, 1) for k, v in sorted(_recorded.items(), key=lambda kv: -kv[1])}
+    with open(path, "w") as fh:
+        json.dump(table, fh, indent=1, sort_keys=True)
+        fh.write("\n")

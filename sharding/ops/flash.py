@@ -28,7 +28,7 @@ a side, then halved while a tile's scores, B·H·bq·bk float32, exceed `TILE_EL
 down to `MIN_TILE`. Measured on one CPU thread (benchmarks/attention_tiles.py,
 docs/attention.md): one 512 x 512 tile per row and head (what the B·H bound alone gives
 ulysses' or METP's one head per device) ran 1.55x slower than 128 x 128 at 1 x 4,096. On two
-threads larger tiles win at head dim 64: the bound does not yet follow a device's threads.
+threads no other bound was best at every shape; these were within 1.25x of the best at each.
 
 `flash_forward` / `flash_backward` take and give the strategies' layout; the differentiable
 entry over this or the Pallas kernel is `sharding.ops.kernels.flash_attention`.
