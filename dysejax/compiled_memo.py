@@ -4,7 +4,9 @@ JAX's in-memory caches key compiled programs by the traced function, so a second
 one configuration (a notebook re-run, a test after another) lowers the same module again and
 would compile it again; on XLA:CPU with several devices the persistent cache cannot serve it
 (`dysejax.runtime.persistent_cache_refusal`). Here a program is keyed by its lowered module's
-text and its devices, and the most recent `LIMIT` compiled programs are kept with the seconds
+text, its input and output pytree structures (two optimizers' states can lower to one module
+text, e.g. adam's and adabelief's, and a compiled program accepts only the pytree it was
+traced with) and its devices, and the most recent `LIMIT` compiled programs are kept with the seconds
 XLA took to compile them (what a comparison of plans charges each, whichever asked first).
 """
 from __future__ import annotations
@@ -24,7 +26,8 @@ _lock = threading.Lock()
 def compile_once(lowered, device_ids: Sequence[int]) -> tuple[Any, float]:
     """(`lowered.compile()`, its seconds), or the program and seconds of an earlier identical
     lowering in this process."""
-    key = hashlib.sha256(lowered.as_text().encode() + repr(tuple(device_ids)).encode()).hexdigest()
+    key = hashlib.sha256("\0".join((lowered.as_text(), str(lowered.in_tree), str(lowered.out_tree),
+                                     repr(tuple(device_ids)))).encode()).hexdigest()
     with _lock:
         if key in _compiled:
             _compiled.move_to_end(key)

@@ -2,6 +2,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from dysejax.compile_watch import compile_counter
@@ -28,3 +29,19 @@ def test_a_second_lowering_of_one_module_compiles_nothing():
     assert compile_once(again, ids[::-1])[0] is not first  # the same module on other devices
     x = jax.device_put(np.ones((32, 3), np.float32), NamedSharding(mesh, P("d")))
     assert abs(float(first(x)) - np.tanh(3.0) * 96) < 1e-4
+
+
+def test_one_module_text_under_two_pytrees_is_two_programs():
+    """adam's and adabelief's states lower to the same module text; a program compiled for one
+    pytree refuses the other, so each gets its own (a notebook switching optimizers)."""
+    params = {"w": jnp.ones(3)}
+    step = jax.jit(lambda state, x: jax.tree_util.tree_map(lambda a: a + x, state))
+    states = [optax.adam(1e-3).init(params), optax.adabelief(1e-3).init(params)]
+    lowered = [step.lower(s, 1.0) for s in states]
+    assert lowered[0].as_text() == lowered[1].as_text()
+    ids = [d.id for d in jax.devices()[:1]]
+    programs = [compile_once(low, ids)[0] for low in lowered]
+    assert programs[0] is not programs[1]
+    for program, state in zip(programs, states):
+        out = program(state, 1.0)
+        assert type(out[0]) is type(state[0]) and float(out[0].mu["w"][0]) == 1.0
