@@ -55,7 +55,9 @@ class Planner:
         t0 = time.perf_counter()
         plans = list(model.plan(bucket, self.data.batch_size(bucket)).candidates)
         self.overheads["search_s"] += time.perf_counter() - t0
-        return plans
+        # the cost model prices whole batches; a plan must also split each accumulation micro-batch
+        serving = [p for p in plans if self._serves(p, bucket, self.data.batch_size(bucket))]
+        return serving or plans  # none: the check below names why
 
     # -- per bucket ------------------------------------------------------------------------
     def candidates(self, bucket: int) -> list[Plan]:
@@ -73,13 +75,27 @@ class Planner:
         except PlanSyntaxError as e:
             raise ConfigError(str(e)) from None
 
+    def _serves(self, plan: Plan, seq_len: int, batch_size: int) -> bool:
+        try:
+            self.check(plan, seq_len, batch_size)
+        except (PlanError, ConfigError):
+            return False
+        return True
+
     def check(self, plan: Plan, seq_len: int, batch_size: int) -> None:
-        """Raise PlanError if a strategy of `plan` cannot serve this shape (ConfigError if the pipeline cannot)."""
+        """Raise PlanError if a strategy of `plan` cannot serve this shape, split into
+        `train.grad_accum` micro-batches as the train step runs it (ConfigError if the pipeline
+        cannot)."""
+        accum = self.config.train.grad_accum
+        rows = batch_size // accum
+        where = f"batch {batch_size}" + (f", micro-batches of {rows} rows with train.grad_accum={accum}"
+                                          if accum > 1 else "")
         for name in plan.strategies():
             try:
-                get_strategy(name).check(self.spec, self.mesh, batch_size, seq_len)
+                get_strategy(name).check(self.spec, self.mesh, rows, seq_len)
             except StrategyShapeError as e:
-                raise PlanError(f"bucket {seq_len} (batch {batch_size}): {e}") from None
+                fix = "; raise data.tokens_per_batch or lower train.grad_accum" if accum > 1 else ""
+                raise PlanError(f"bucket {seq_len} ({where}): {e}{fix}") from None
         if self.pipeline is not None:
             try:
                 self.pipeline.check(plan, self.spec, self.mesh, batch_size, seq_len)

@@ -80,6 +80,15 @@ def test_memory_guard_refuses_over_budget_programs(tiny_config, tmp_path):
     assert not os.path.exists(tmp_path / "metrics.jsonl")
 
 
+def test_a_plan_that_cannot_split_an_accumulation_micro_batch_is_refused(tiny_config, tmp_path):
+    # bucket 128: 1,024 tokens = 8 rows, two micro-batches of 4, which dp cannot split over 8 devices
+    with pytest.raises(dysejax.PlanError, match=r"^bucket 128 \(batch 8, micro-batches of 4 rows with "
+                       r"train.grad_accum=2\): strategy 'dp' needs batch size \(4\) divisible by the device "
+                       r"count \(8\); raise data.tokens_per_batch or lower train.grad_accum$"):
+        dysejax.Trainer(tiny_config("train.grad_accum=2", "parallel.plan=dp"), workdir=str(tmp_path / "w"))
+    assert not os.path.exists(tmp_path / "w" / "metrics.jsonl")
+
+
 def test_plan_mapping_errors(tiny_config, tmp_path):
     with pytest.raises(dysejax.ConfigError, match=r"parallel.plan: 100 is not a bucket length \(buckets: 64, 128; or use the key 'default'\)"):
         dysejax.Trainer(tiny_config("parallel.plan={100: dp}"), workdir=str(tmp_path))
