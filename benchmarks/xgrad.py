@@ -490,7 +490,8 @@ def main(argv=None) -> int:
             results["gpt"] = run_gpt(names, seeds, gpt_steps, workroot, log)
             plans = [("dp", ()), ("tp", ("parallel.plan=tp",))] if args.quick else [
                 ("dp", ()), ("fsdp", ("parallel.plan=fsdp",)), ("tp", ("parallel.plan=tp",)),
-                ("tp_sp", ("parallel.plan=tp_sp",)), ("dp, accum 2", ("train.grad_accum=2", "data.tokens_per_batch=2048"))]  # 2 x 8 rows at 128
+                ("tp_sp", ("parallel.plan=tp_sp",)),
+                ("dp, accum 2", ("train.grad_accum=2", "data.tokens_per_batch=2048"))]  # 2 x 8 rows at 128
             log("    adamw train-step memory per plan")
             results["gpt_plans_memory"] = gpt_plan_memory(plans, gpt_steps, workroot, log)
         if not args.skip_digits:

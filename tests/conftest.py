@@ -79,7 +79,7 @@ def tiny_config():
 # one worker: started last, a long file leaves the other workers idle at the end). The seconds
 # are those of the last run recorded with `--record-file-seconds tests/file_seconds.json`, kept
 # per marker expression (the default suite and `-m slow` differ); a file not recorded yet goes
-# first. Without the file, the order is pytest-xdist's (most tests first).
+# first, and without the table files keep their collection order.
 # --------------------------------------------------------------------------------------------
 FILE_SECONDS = os.path.join(ROOT, "tests", "file_seconds.json")
 _recorded: dict = {}
@@ -91,11 +91,15 @@ def pytest_addoption(parser):
                           "-m expression; tests/file_seconds.json orders the files of later runs")
 
 
-def _file_seconds(path: str, selection: str) -> dict:
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+def _read_table(path: str) -> dict:
     import json
     try:
         with open(path) as fh:
-            return json.load(fh).get(selection, {})
+            return json.load(fh)
     except (OSError, ValueError):
         return {}
 
@@ -106,16 +110,15 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    seconds = _file_seconds(FILE_SECONDS, config.option.markexpr)
+    seconds = _read_table(FILE_SECONDS).get(config.option.markexpr, {})
     first_seen: dict = {}
     for item in items:
-        first_seen.setdefault(item.nodeid.split("::")[0], len(first_seen))
-    items.sort(key=lambda item: (-seconds.get(item.nodeid.split("::")[0], float("inf")),
-                                 first_seen[item.nodeid.split("::")[0]]))
+        first_seen.setdefault(_file_of(item.nodeid), len(first_seen))
+    items.sort(key=lambda item: (-seconds.get(_file_of(item.nodeid), float("inf")), first_seen[_file_of(item.nodeid)]))
 
 
 def pytest_runtest_logreport(report):
-    name = report.nodeid.split("::")[0]
+    name = _file_of(report.nodeid)
     _recorded[name] = _recorded.get(name, 0.0) + report.duration
 
 
@@ -124,12 +127,8 @@ def pytest_sessionfinish(session, exitstatus):
     if not path or hasattr(session.config, "workerinput"):  # written once, by the controller
         return
     import json
-    try:
-        with open(path) as fh:
-            table = json.load(fh)
-    except (OSError, ValueError):
-        table = {}
-    table[session.config.option.markexpr] = {k: round(v, 1) for k, v in sorted(_recorded.items(), key=lambda kv: -kv[1])}
+    table = _read_table(path)
+    table[session.config.option.markexpr] = {k: round(v, 1) for k, v in _recorded.items()}
     with open(path, "w") as fh:
         json.dump(table, fh, indent=1, sort_keys=True)
         fh.write("\n")
