@@ -331,19 +331,24 @@ def switch_bytes(shape: Shape, a: str, b: str) -> float:
     return boundary_bytes(shape, a) + boundary_bytes(shape, b)
 
 
-def base_memory(shape: Shape, vocab: int, n_layers: int) -> float:
+def base_memory(shape: Shape, vocab: int, n_layers: int, grad_accum: int = 1) -> float:
     """Bytes per device outside the layers that every plan pays: the embedding / head and final
     norm parameters with their gradients and optimizer moments (storage layout), the optimizer
     update's temporary of the whole state, and the batch arrays (inputs, targets, segment ids,
-    positions, loss mask; worst case over the token layouts)."""
+    positions, loss mask; worst case over the token layouts). With `grad_accum` > 1, `shape` is
+    one micro-batch: the whole batch's arrays stay alive and a gradient tree holds the running
+    sum of the micro-batches' gradients."""
     spec, N = shape.spec, shape.n_devices
     h, pb = spec.d_model, shape.param_bytes
     emb = embedding_elems(vocab, h, N) + h
     local_layer, _ = layer_param_elems(spec, N)
     states = emb * pb * (2 + shape.optimizer_slots)
-    update = (emb + n_layers * local_layer) * pb  # the optimizer's `updates` tree before it is applied
-    batch_arrays = 5 * shape.batch * shape.seq_len * 4 / max(1, min(shape.n_devices, shape.d * shape.p))
-    return states + update + batch_arrays
+    gradients = (emb + n_layers * local_layer) * pb  # one gradient tree of the whole model
+    update = gradients  # the optimizer's `updates` tree before it is applied
+    accumulator = gradients if grad_accum > 1 else 0.0
+    rows = shape.batch * grad_accum
+    batch_arrays = 5 * rows * shape.seq_len * 4 / max(1, min(shape.n_devices, shape.d * shape.p))
+    return states + update + accumulator + batch_arrays
 
 
 # float32 [chunk, vocabulary block] buffers alive at once in the chunked loss's backward (the

@@ -156,7 +156,8 @@ def default_choices(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, 
 
 def cost_table(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, seq_len: int, n_layers: int,
                vocab: int, param_bytes: int = 4, compute_dtype: Optional[str] = None, optimizer_slots: int = 2,
-               hardware="a100-80gb", choices: Optional[Sequence[Choice]] = None, loss_chunk: int = 1024) -> CostTable:
+               hardware="a100-80gb", choices: Optional[Sequence[Choice]] = None, loss_chunk: int = 1024,
+               grad_accum: int = 1) -> CostTable:
     """The cost table of one (batch, seq_len) bucket on a mesh of these named axis sizes.
 
     spec: the layer's BlockSpec (its compute_dtype is used unless `compute_dtype` is given);
@@ -168,6 +169,9 @@ def cost_table(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, seq_l
     layer times of this model).
     choices: default = every feasible strategy x remat policy.
     loss_chunk: tokens per chunk of the loss (`model.loss_chunk`).
+    grad_accum: the batch runs as this many micro-batches of batch / grad_accum rows, one after
+    another (`train.grad_accum`): layers are stored and peak at a micro-batch, and every time but
+    the optimizer update's is paid once per micro-batch.
     """
     from costmodel import memory as M
     from costmodel import time as T
@@ -190,12 +194,15 @@ def cost_table(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, seq_l
         coeffs = T.TimeCoefficients.from_profile(profile, mesh_shape)
         hw_name = profile.name
     mesh_shape = dict(mesh_shape)
+    if grad_accum < 1 or batch % grad_accum:
+        raise ValueError(f"batch {batch} does not split into {grad_accum} micro-batches")
+    rows = batch // grad_accum
     if choices is None:
-        choices = default_choices(spec, mesh_shape, batch, seq_len)
+        choices = default_choices(spec, mesh_shape, rows, seq_len)
     choices = tuple(choices)
     if not choices:
-        raise ValueError(f"no strategy can serve batch {batch}, length {seq_len} on mesh {mesh_shape}")
-    shape = M.Shape(spec, mesh_shape, batch, seq_len, param_bytes=param_bytes, optimizer_slots=optimizer_slots,
+        raise ValueError(f"no strategy can serve batch {rows}, length {seq_len} on mesh {mesh_shape}")
+    shape = M.Shape(spec, mesh_shape, rows, seq_len, param_bytes=param_bytes, optimizer_slots=optimizer_slots,
                     backend=backend)
     stored, peak, times = [], [], []
     for c in choices:
@@ -206,16 +213,16 @@ def cost_table(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, seq_l
         # the embedding / loss transient of a choice's strategy (its loss runs while every layer's
         # stored activations are alive) is folded into the choice's peak: max(layer, loss)
         peak.append(max(mem.peak, M.loss_memory(shape, c.strategy, vocab, loss_chunk)))
-        times.append(calib.layer_time(shape, c.strategy, c.remat) if calib is not None
-                     else T.layer_time(shape, c.strategy, c.remat, coeffs).total)
-    base = M.base_memory(shape, vocab, n_layers)
-    base_time = T.base_time(shape, vocab, n_layers, coeffs)
+        times.append(grad_accum * (calib.layer_time(shape, c.strategy, c.remat) if calib is not None
+                                   else T.layer_time(shape, c.strategy, c.remat, coeffs).total))
+    base = M.base_memory(shape, vocab, n_layers, grad_accum)
+    base_time = T.base_time(shape, vocab, n_layers, coeffs, grad_accum=grad_accum)
     k = len(choices)
     sw_t, sw_b = np.zeros((k, k)), np.zeros((k, k))
     for i, a in enumerate(choices):
         for j, b in enumerate(choices):
             sw_b[i, j] = M.switch_bytes(shape, a.strategy, b.strategy)
-            sw_t[i, j] = T.switch_time(shape, a.strategy, b.strategy, coeffs)
+            sw_t[i, j] = grad_accum * T.switch_time(shape, a.strategy, b.strategy, coeffs)
     return CostTable(choices=choices, n_layers=n_layers, layer_time_s=np.array(times),
                      layer_stored_bytes=np.array(stored), layer_peak_bytes=np.array(peak),
                      base_bytes=int(base), base_time_s=float(base_time), switch_time_s=sw_t, switch_bytes=sw_b,

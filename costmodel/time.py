@@ -347,12 +347,14 @@ def switch_time(shape: Shape, a: str, b: str, coeffs: TimeCoefficients) -> float
 
 
 def base_time(shape: Shape, vocab: int, n_layers: int, coeffs: TimeCoefficients,
-              optimizer_slots: Optional[int] = None) -> float:
+              optimizer_slots: Optional[int] = None, grad_accum: int = 1) -> float:
     """Embedding + head matmul + loss (worst over the strategies' layouts) + optimizer update.
 
     The chunked loss (`sharding.ops.chunked_loss`) runs the head matmul four times (forward,
     its recompute in the backward, and the two gradients) and moves the head's bytes three times
-    (a gather, or the ring's blocks forward; blocks and their gradients backward)."""
+    (a gather, or the ring's blocks forward; blocks and their gradients backward). With
+    `grad_accum` > 1, `shape` is one micro-batch: the head and loss run once per micro-batch,
+    each adds its gradients into the running sum, and the update runs once."""
     spec, N = shape.spec, shape.n_devices
     h = spec.d_model
     tokens = shape.batch * shape.seq_len / N  # every strategy spreads the loss's tokens over N devices
@@ -364,7 +366,8 @@ def base_time(shape: Shape, vocab: int, n_layers: int, coeffs: TimeCoefficients,
     update = params * shape.param_bytes * (3 + 2 * slots) / coeffs.mem_bw
     local = in_node(shape.layer, DEVICES_ROLE, coeffs.devices_per_node)
     gather = collective_time(coeffs, "all-gather", vocab * h * shape.param_bytes, N, local)
-    return head + softmax + update + 3 * gather
+    accumulate = 3 * params * shape.param_bytes / coeffs.mem_bw if grad_accum > 1 else 0.0
+    return grad_accum * (head + softmax + 3 * gather + accumulate) + update
 
 
 # ------------------------------------------------------------------------------------------------

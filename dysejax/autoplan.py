@@ -107,7 +107,8 @@ def calibrate_time_here(planner: "AutoPlanner", mesh, shapes, directory: str, lo
     """`planner` pricing with this model's layer measured per option on the devices here
     (`costmodel.profile.calibrate_time_for`, cached in `directory`): each option (strategy x
     remat) at the shortest and the longest of the (batch, seq_len) `shapes` where it can appear
-    in a plan within the budget, so it is measured at two lengths where it may be chosen."""
+    in a plan within the budget, so it is measured at two lengths where it may be chosen (at the
+    rows of one `planner.grad_accum` micro-batch, as the train step runs the layer)."""
     from costmodel.profile import calibrate_time_for
     where: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for batch, seq_len in sorted(set(shapes), key=lambda bs: (bs[1], bs[0])):
@@ -116,7 +117,8 @@ def calibrate_time_here(planner: "AutoPlanner", mesh, shapes, directory: str, lo
     jobs: dict[tuple[int, int], list[tuple[str, str]]] = {}
     for option, at in where.items():
         for bs in dict.fromkeys(at[:1] + at[-1:]):
-            jobs.setdefault(bs, []).append(option)
+            batch, seq_len = bs
+            jobs.setdefault((batch // planner.grad_accum, seq_len), []).append(option)
     n = sum(len(v) for v in jobs.values())
     cal = _timed(lambda: calibrate_time_for(planner.hardware, mesh, planner.spec, jobs, directory,
                                             progress=progress and (lambda sample: progress("time"))),
@@ -138,8 +140,9 @@ class AutoPlanner:
 
     def __init__(self, spec, mesh_shape: dict, n_layers: int, vocab: int, hardware, budget: Optional[int],
                  param_dtype: str = "float32", optimizer: str = "adamw", default_remat: str = "none",
-                 loss_chunk: int = 1024):
+                 loss_chunk: int = 1024, grad_accum: int = 1):
         self.loss_chunk = loss_chunk  # tokens per chunk of the loss (`model.loss_chunk`)
+        self.grad_accum = grad_accum  # a batch runs as this many micro-batches (`train.grad_accum`)
         self.default_remat = default_remat  # runs under the model's default policy are written without one
         self.spec, self.mesh_shape, self.n_layers, self.vocab = spec, dict(mesh_shape), n_layers, vocab
         self.hardware, self.budget = hardware, budget
@@ -152,7 +155,8 @@ class AutoPlanner:
         """The cost table of this bucket (every feasible strategy x remat policy by default)."""
         return cost_table(self.spec, self.mesh_shape, batch_size, seq_len, self.n_layers, self.vocab,
                           param_bytes=self.param_bytes, optimizer_slots=self.optimizer_slots,
-                          hardware=self.hardware, choices=choices, loss_chunk=self.loss_chunk)
+                          hardware=self.hardware, choices=choices, loss_chunk=self.loss_chunk,
+                          grad_accum=self.grad_accum)
 
     def useful_options(self, seq_len: int, batch_size: int, margin: float = 1.1) -> list:
         """The options (strategy x remat) that can appear in a plan within the budget (x margin):
@@ -173,7 +177,7 @@ class AutoPlanner:
     def with_hardware(self, hardware) -> "AutoPlanner":
         """This planner pricing with other hardware (e.g. a calibration with measured layer times)."""
         return AutoPlanner(self.spec, self.mesh_shape, self.n_layers, self.vocab, hardware, self.budget,
-                           self.param_dtype, self.optimizer, self.default_remat, self.loss_chunk)
+                           self.param_dtype, self.optimizer, self.default_remat, self.loss_chunk, self.grad_accum)
 
     def plan(self, seq_len: int, batch_size: int) -> BucketPlan:
         """The chosen plan of a bucket and its fallbacks (cached per shape)."""

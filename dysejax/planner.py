@@ -55,7 +55,7 @@ class Planner:
         t0 = time.perf_counter()
         plans = list(model.plan(bucket, self.data.batch_size(bucket)).candidates)
         self.overheads["search_s"] += time.perf_counter() - t0
-        # the cost model prices whole batches; a plan must also split each accumulation micro-batch
+        # the cost model prices one accumulation micro-batch; `check` is the strategies' own word
         serving = [p for p in plans if self._serves(p, bucket, self.data.batch_size(bucket))]
         return serving or plans  # none: the check below names why
 
@@ -98,9 +98,9 @@ class Planner:
                 raise PlanError(f"bucket {seq_len} ({where}): {e}{fix}") from None
         if self.pipeline is not None:
             try:
-                self.pipeline.check(plan, self.spec, self.mesh, batch_size, seq_len)
+                self.pipeline.check(plan, self.spec, self.mesh, rows, seq_len)  # each micro-batch runs it
             except PipelineError as e:
-                raise ConfigError(f"bucket {seq_len} (batch {batch_size}): {e}") from None
+                raise ConfigError(f"bucket {seq_len} ({where}): {e}") from None
 
     # -- the cost model --------------------------------------------------------------------
     @property
@@ -125,13 +125,14 @@ class Planner:
                 # the devices are here: fit this model's memory to XLA (only a budget needs it: without
                 # one every plan fits, and XLA's own figure is reported beside the prediction)
                 t0 = time.perf_counter()
-                if here and (budget is not None or profile_time):
-                    hardware = calibrate_memory_here(hardware, self.mesh, self.spec, shapes, directory, self.log,
+                if here and (budget is not None or profile_time):  # a layer runs one micro-batch
+                    micro = [(batch // cfg.train.grad_accum, seq_len) for batch, seq_len in shapes]
+                    hardware = calibrate_memory_here(hardware, self.mesh, self.spec, micro, directory, self.log,
                                                      progress)
                 self.overheads["calibrate_memory_s"] = time.perf_counter() - t0
                 planner = AutoPlanner(self.spec, dict(self.mesh.shape), cfg.model.n_layers, cfg.model.vocab_size,
                                       hardware, budget, cfg.model.param_dtype, cfg.optimizer.name, cfg.model.remat,
-                                      loss_chunk=cfg.model.loss_chunk)
+                                      loss_chunk=cfg.model.loss_chunk, grad_accum=cfg.train.grad_accum)
                 t0 = time.perf_counter()
                 if here and profile_time:  # time the options that can appear in a plan, where they decide
                     planner = calibrate_time_here(planner, self.mesh, shapes, directory, self.log, progress)

@@ -153,3 +153,15 @@ def test_planning_a_gpu_from_here_uses_what_jax_could_use_there(capsys, tmp_path
     # JAX's allocator takes 75% of the device by default; the headroom comes off that
     assert rep["memory_budget_bytes"] == int(PROFILES[hardware].memory_bytes * 0.75 * 0.9)
     assert rep["hardware"] == hardware and all(b["fits"] for b in rep["buckets"])
+
+
+@pytest.mark.slow
+def test_grad_accum_plans_are_priced_per_micro_batch(tmp_path):
+    # 2,048 tokens per batch in two micro-batches: 16 rows of 128 run as 8 at a time (2 x 256 at 256)
+    trainer = _trainer(tmp_path, "model.n_layers=4", "data.tokens_per_batch=2048", "train.grad_accum=2",
+                       "parallel.memory_budget_gb=1")
+    for seq_len, value in ((128, "dp"), (128, "ring@selective"), (256, "tp_sp@full")):
+        plan, batch = trainer.planner.parse(value), trainer.data.batch_size(seq_len)
+        predicted = trainer.planner.predict(seq_len, batch, plan)[0]
+        xla = trainer.programs.get("train", seq_len, batch, plan).bytes_per_device
+        assert abs(predicted - xla) / xla < 0.10, (seq_len, value, predicted, xla)

@@ -286,6 +286,24 @@ def test_fit_scales_two_parts_one_scale_and_why():
     assert shrink.how == "one-scale: the fit gave the attention part no time"
 
 
+def test_grad_accum_prices_a_micro_batch_per_layer_and_the_update_once():
+    choices = (Choice("dp"), Choice("ring", "selective"), Choice("tp_sp"))
+    whole = cost_table(SPEC_TINY, {"data": 8}, 16, 1024, 4, 256, choices=choices)
+    micro = cost_table(SPEC_TINY, {"data": 8}, 8, 1024, 4, 256, choices=choices)
+    accum = cost_table(SPEC_TINY, {"data": 8}, 16, 1024, 4, 256, choices=choices, grad_accum=2)
+    # a layer holds one micro-batch of 8 rows at a time, and runs twice
+    assert np.array_equal(accum.layer_stored_bytes, micro.layer_stored_bytes)
+    assert np.array_equal(accum.layer_peak_bytes, micro.layer_peak_bytes)
+    assert (whole.layer_stored_bytes > accum.layer_stored_bytes).all()
+    assert np.allclose(accum.layer_time_s, 2 * micro.layer_time_s)
+    # the base keeps the whole batch's arrays and a running sum of the gradients; the update runs once
+    assert whole.base_bytes < accum.base_bytes and micro.base_bytes < accum.base_bytes
+    assert 2 * micro.base_time_s > accum.base_time_s > micro.base_time_s
+    assert accum.batch == 16
+    with pytest.raises(ValueError, match="batch 16 does not split into 3 micro-batches"):
+        cost_table(SPEC_TINY, {"data": 8}, 16, 1024, 4, 256, choices=choices, grad_accum=3)
+
+
 def test_measured_layer_times_correct_the_table_per_option():
     base = default_calibration()
     shape = M.Shape(SPEC_TINY, {"data": 8}, 8, 1024, backend="cpu")
