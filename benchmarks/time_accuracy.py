@@ -2,7 +2,7 @@
 
     python benchmarks/time_accuracy.py [--quick] [--json OUT] [--cache DIR] [--held-lengths N ...]
 
-Every strategy under every remat policy (`none`, `dots`, `full`; METP included) has its 2-layer
+Every registered strategy under every remat policy (METP and `selective` included) has its 2-layer
 step timed on this machine's devices (`costmodel.profile.measure_times`: interleaved rounds,
 min of the runs) at lengths 256..16,384 with a fixed token budget per step (the headline
 config's layer and batch sizes), and on a second layer shape at a few lengths. Two predictions
@@ -35,8 +35,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results_io import write_json  # noqa: E402
 
-STRATEGIES = ("dp", "fsdp", "tp", "tp_sp", "ring", "ulysses", "metp")
-REMATS = ("none", "dots", "full")
+
+def strategies() -> tuple[str, ...]:
+    """Every registered strategy (imported late: the devices are set up first)."""
+    from sharding.strategies import STRATEGIES
+    return tuple(STRATEGIES)
+
+
+def remats() -> tuple[str, ...]:
+    """Every remat policy a plan can use."""
+    from costmodel.table import REMATS
+    return tuple(REMATS)
+
+
 TOKENS = 16384  # tokens per step, as in configs/dynamic.yaml
 LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 QUICK_LENGTHS = (256, 1024, 4096, 16384)
@@ -62,7 +73,7 @@ def batch_for(seq_len: int, devices: int) -> int:
 def measure(cache: dict, path: str, mesh, spec, label: str, lengths, repeats: int, log) -> list:
     """TimeSamples of every option at every length (cached by label, length and option)."""
     from costmodel.profile import TimeSample, measure_times
-    options = [(s, r) for s in STRATEGIES for r in REMATS]
+    options = [(s, r) for s in strategies() for r in remats()]
     for n in lengths:
         b = batch_for(n, mesh.devices.size)
         todo = [o for o in options if f"{label}|{n}|{o[0]}@{o[1]}" not in cache]
@@ -77,8 +88,8 @@ def measure(cache: dict, path: str, mesh, spec, label: str, lengths, repeats: in
         with open(path, "w") as fh:
             json.dump(cache, fh)
         log(f"  {label} s={n} b={b}: timed {len(got)} programs in {time.time() - t0:.0f} s")
-    return [TimeSample.from_json(cache[f"{label}|{n}|{s}@{r}"]) for n in lengths for s in STRATEGIES
-            for r in REMATS if cache.get(f"{label}|{n}|{s}@{r}")]
+    return [TimeSample.from_json(cache[f"{label}|{n}|{s}@{r}"]) for n in lengths for s in strategies()
+            for r in remats() if cache.get(f"{label}|{n}|{s}@{r}")]
 
 
 def correction_errors(cal, samples, fit_lengths) -> list[dict]:
@@ -117,7 +128,7 @@ def rate_errors(cal, samples, label: str) -> list[dict]:
 
 def per_strategy(rows: list[dict]) -> dict:
     out = {}
-    for s in STRATEGIES:
+    for s in strategies():
         errs = [r["err"] for r in rows if r["strategy"] == s]
         if errs:
             out[s] = {"median": float(np.median(errs)), "max": float(np.max(errs)), "n": len(errs)}
@@ -179,7 +190,7 @@ def main(argv=None) -> dict:
             ("rates, held-out len", result["rates_held_out_lengths"]),
             ("rates, held-out shape", result["rates_held_out_shape"])]
     print(f"{'strategy':<9}" + "".join(f"{name:>24}" for name, _ in cols))
-    for s in (*STRATEGIES, "all"):
+    for s in (*strategies(), "all"):
         cells = []
         for _, block in cols:
             e = block["per_strategy"].get(s)
