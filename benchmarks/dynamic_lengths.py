@@ -302,13 +302,13 @@ def main(argv=None) -> None:
     ap.add_argument("--data", default="stdlib", choices=("stdlib", "githubcode", "grch38"))
     ap.add_argument("--num-docs", type=int, default=400, help="synthetic documents (--data githubcode/grch38)")
     ap.add_argument("--negative", action="store_true", help="every batch in the longest bucket (auto should tie)")
-    ap.add_argument("--per-bucket", type=int, default=MIN_SAMPLES,
-                    help=f"batches timed per bucket (at least {MIN_SAMPLES})")
+    ap.add_argument("--per-bucket", type=int, default=None,
+                    help=f"batches timed per bucket (at least {MIN_SAMPLES}; default {MIN_SAMPLES})")
     ap.add_argument("--max-len-cap", type=int, default=262144,
                     help="largest length the max-length search tries (found at the cap: reported as >=)")
     ap.add_argument("--no-max-len", action="store_true", help="skip the max-length search")
     ap.add_argument("--quick", action="store_true",
-                    help=f"{MIN_SAMPLES} batches per bucket and no max-length search (same samples rule)")
+                    help="no max-length search (with --per-bucket: that many batches per bucket)")
     ap.add_argument("--workdir", help="compile cache and cost-model calibration (default: a fresh temporary "
                     "folder, so calibration and compiles are measured; reuse one to skip them on a rerun)")
     ap.add_argument("--json", help="write the results here")
@@ -317,7 +317,9 @@ def main(argv=None) -> None:
                     "an earlier run (same --config/--budget-gb/--data/--workdir; nothing is measured again)")
     args = ap.parse_args(argv)
     if args.quick:
-        args.per_bucket, args.no_max_len = MIN_SAMPLES, True
+        args.no_max_len = True
+    if args.per_bucket is None:
+        args.per_bucket = MIN_SAMPLES
     if args.per_bucket < MIN_SAMPLES:
         sys.exit(f"error: --per-bucket {args.per_bucket}: a figure needs at least {MIN_SAMPLES} samples per bucket")
     _check_map_count()
