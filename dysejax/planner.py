@@ -55,7 +55,7 @@ class Planner:
         t0 = time.perf_counter()
         plans = list(model.plan(bucket, self.data.batch_size(bucket)).candidates)
         self.overheads["search_s"] += time.perf_counter() - t0
-        # the cost model prices one accumulation micro-batch; `check` is the strategies' own word
+        # the cost model's feasibility is its own; the plans run must pass the check the trainer applies
         serving = [p for p in plans if self._serves(p, bucket, self.data.batch_size(bucket))]
         return serving or plans  # none: the check below names why
 
@@ -82,12 +82,15 @@ class Planner:
             return False
         return True
 
+    def micro_batch(self, batch_size: int) -> int:
+        """Rows of one `train.grad_accum` micro-batch of a batch: what a layer runs at once."""
+        return batch_size // self.config.train.grad_accum
+
     def check(self, plan: Plan, seq_len: int, batch_size: int) -> None:
         """Raise PlanError if a strategy of `plan` cannot serve this shape, split into
         `train.grad_accum` micro-batches as the train step runs it (ConfigError if the pipeline
         cannot)."""
-        accum = self.config.train.grad_accum
-        rows = batch_size // accum
+        accum, rows = self.config.train.grad_accum, self.micro_batch(batch_size)
         where = f"batch {batch_size}" + (f", micro-batches of {rows} rows with train.grad_accum={accum}"
                                           if accum > 1 else "")
         for name in plan.strategies():
@@ -125,8 +128,8 @@ class Planner:
                 # the devices are here: fit this model's memory to XLA (only a budget needs it: without
                 # one every plan fits, and XLA's own figure is reported beside the prediction)
                 t0 = time.perf_counter()
-                if here and (budget is not None or profile_time):  # a layer runs one micro-batch
-                    micro = [(batch // cfg.train.grad_accum, seq_len) for batch, seq_len in shapes]
+                if here and (budget is not None or profile_time):
+                    micro = [(self.micro_batch(batch), seq_len) for batch, seq_len in shapes]
                     hardware = calibrate_memory_here(hardware, self.mesh, self.spec, micro, directory, self.log,
                                                      progress)
                 self.overheads["calibrate_memory_s"] = time.perf_counter() - t0
