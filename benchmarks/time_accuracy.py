@@ -5,16 +5,17 @@
 Every registered strategy under every remat policy (METP and `selective` included) has its 2-layer
 step timed on this machine's devices (`costmodel.profile.measure_times`: interleaved rounds,
 min of the runs) at lengths 256..16,384 with a fixed token budget per step (the headline
-config's layer and batch sizes), and on a second layer shape at a few lengths. Two predictions
+config's layer and batch sizes), and on a second layer shape at a few lengths. Three predictions
 are checked against the measurements:
 
-* per-model correction (what `auto` uses with `parallel.profile_time`): each option measured at
-  two lengths (`costmodel.time_correction`), predicted at every other length: between the two
-  (fitted at the smallest and largest, as the trainer does with its buckets), and below and
-  above them (fitted at two middle lengths);
-* device rates alone (`costmodel.profile.fit_time`, what prices an option nobody measured):
-  fitted on the middle lengths of the first shape, predicted at the shorter and longer lengths
-  and on the second shape.
+* per-model correction (what `auto` uses with `parallel.profile_time`): the shipped CPU rates
+  (`costmodel/calibrations/cpu.json`, fitted by fit_cpu_calibration.py on another layer and other
+  shapes) corrected per option by its times at two lengths (`costmodel.time_correction`),
+  predicted at every other length: between the two (fitted at the smallest and largest, as the
+  trainer does with its buckets), and below and above them (fitted at two middle lengths);
+* the shipped rates alone, at every length (what prices an option without `profile_time`);
+* device rates fitted here (`costmodel.profile.fit_time`) on the middle lengths of the first
+  shape, predicted at the shorter and longer lengths and on the second shape.
 
 Errors are |predicted - measured| / measured of the per-layer time, reported per strategy
 (median and max over its remat policies and held-out lengths). On CPU the simulated devices
@@ -148,7 +149,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     from dysejax import runtime
     runtime.configure_host_devices(8)
-    from costmodel.calibration import Calibration, device_kind_of
+    from costmodel.calibration import Calibration, default_calibration, device_kind_of
     from costmodel.profile import fit_time
     from sharding.mesh import build_mesh
 
@@ -170,8 +171,10 @@ def main(argv=None) -> dict:
     kind = device_kind_of(mesh)
     coeffs, step, fit = fit_time([s for s in main_samples if s.shape.seq_len in mid], name=kind)
     cal = Calibration(kind, dict(mesh.shape), coeffs, step_overhead_s=step, meta={"fit": fit})
-    between = correction_errors(cal, main_samples, (lo, hi))
-    outside = correction_errors(cal, main_samples, inner)
+    shipped = default_calibration()
+    between = correction_errors(shipped, main_samples, (lo, hi))
+    outside = correction_errors(shipped, main_samples, inner)
+    shipped_rates = rate_errors(shipped, main_samples, "main, shipped rates")
     rates = rate_errors(cal, [s for s in main_samples if s.shape.seq_len not in mid], "main, held-out lengths")
     rates_shape = rate_errors(cal, held_samples, "held-out shape")
     result = {
@@ -180,6 +183,7 @@ def main(argv=None) -> dict:
         "main_spec": asdict(main_spec), "held_spec": asdict(held_spec),
         "correction_between": {"fit_lengths": [lo, hi], "per_strategy": per_strategy(between), "rows": between},
         "correction_outside": {"fit_lengths": list(inner), "per_strategy": per_strategy(outside), "rows": outside},
+        "shipped_rates": {"per_strategy": per_strategy(shipped_rates), "rows": shipped_rates},
         "rates_held_out_lengths": {"fit_lengths": list(mid), "per_strategy": per_strategy(rates), "rows": rates},
         "rates_held_out_shape": {"per_strategy": per_strategy(rates_shape), "rows": rates_shape},
         "rate_fit": fit, "wall_s": time.time() - t0}
@@ -187,6 +191,7 @@ def main(argv=None) -> dict:
           f"{result['platform']}, {TOKENS} tokens per step)")
     cols = [("corrected, between", result["correction_between"]),
             ("corrected, outside", result["correction_outside"]),
+            ("shipped rates", result["shipped_rates"]),
             ("rates, held-out len", result["rates_held_out_lengths"]),
             ("rates, held-out shape", result["rates_held_out_shape"])]
     print(f"{'strategy':<9}" + "".join(f"{name:>24}" for name, _ in cols))
@@ -196,7 +201,8 @@ def main(argv=None) -> dict:
             e = block["per_strategy"].get(s)
             cells.append(f"{e['median']:>11.1%} / {e['max']:<10.1%}" if e else f"{'—':>24}")
         print(f"{s:<9}" + "".join(cells))
-    print(f"fit lengths: corrected between {[lo, hi]}, outside {list(inner)}, rates {list(mid)}; "
+    print(f"corrected: the shipped rates (fit_cpu_calibration.py) per option at {[lo, hi]} (between) or "
+          f"{list(inner)} (outside); rates fitted here at {list(mid)}; "
           f"rate fit undetermined terms: {fit['undetermined'] or 'none'}")
     if args.json:
         write_json(args.json, result)

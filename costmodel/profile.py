@@ -282,8 +282,13 @@ def profile(mesh, spec: BlockSpec, lengths: Sequence[int], batch: Optional[int] 
             strategies: Optional[Sequence[str]] = None, remats: Sequence[str] = ("none",),
             directory: Optional[str] = None, n_layers: int = 2, repeats: int = 3,
             memory: bool = False, memory_lengths: Optional[Sequence[int]] = None, reuse: bool = True,
-            progress: Optional[Callable] = None, prior: Optional[TimeCoefficients] = None) -> Calibration:
+            progress: Optional[Callable] = None, prior: Optional[TimeCoefficients] = None,
+            more_shapes: Sequence[tuple[int, int]] = ()) -> Calibration:
     """Time real layer programs on `mesh`'s devices and fit a `Calibration` (cached in `directory`).
+
+    Programs run at every length of `lengths` with `batch` rows, and at each (batch, seq_len) of
+    `more_shapes`: a few long rows at the same tokens tell the attention kernel's per-tile loop
+    overhead from its FLOPs (at a fixed batch both grow as the length squared).
 
     With `reuse` and a cached calibration for this device kind and mesh shape, that one is
     returned without running anything. `memory=True` also fits the memory corrections against
@@ -301,6 +306,8 @@ def profile(mesh, spec: BlockSpec, lengths: Sequence[int], batch: Optional[int] 
     platform = mesh.devices.flat[0].platform
     shared = platform == "cpu"
     samples = measure_times(mesh, spec, batch, lengths, strategies, remats, n_layers, repeats, progress)
+    for rows, seq_len in more_shapes:
+        samples += measure_times(mesh, spec, rows, [seq_len], strategies, remats, n_layers, repeats, progress)
     if prior is None and shared:
         from costmodel.calibration import default_calibration
         prior = default_calibration().time
@@ -310,7 +317,7 @@ def profile(mesh, spec: BlockSpec, lengths: Sequence[int], batch: Optional[int] 
         from costmodel.memory_fit import calibrate
         mem, _ = calibrate(mesh, spec, batch, memory_lengths or lengths, strategies, remats)
     cal = Calibration(device_kind=kind, mesh_shape=mesh_shape, time=coeffs, memory=mem, step_overhead_s=step,
-                      meta={"lengths": list(lengths), "batch": batch, "strategies": list(strategies or strategy_names()),
+                      meta={"lengths": list(lengths), "batch": batch, "more_shapes": [list(bs) for bs in more_shapes], "strategies": list(strategies or strategy_names()),
                             "remats": list(remats), "n_layers": n_layers, "fit": report,
                             "samples": [s.to_json() for s in samples], "created": _time.time()})
     if directory:
