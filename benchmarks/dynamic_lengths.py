@@ -298,6 +298,8 @@ def _check_map_count() -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=CONFIG)
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="config overrides, as train.py's (e.g. data.buckets=[512,2048,8192] data.tokens_per_batch=8192)")
     ap.add_argument("--budget-gb", type=float, help="per-device budget in GiB (default: the config's)")
     ap.add_argument("--data", default="stdlib", choices=("stdlib", "githubcode", "grch38"))
     ap.add_argument("--num-docs", type=int, default=400, help="synthetic documents (--data githubcode/grch38)")
@@ -331,10 +333,13 @@ def main(argv=None) -> None:
 
     work = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="dynamic_lengths_"))
     fresh = not os.path.exists(os.path.join(work, "costmodel"))
-    buckets = dysejax.load_config(args.config).data.buckets
-    cfg = dysejax.load_config(args.config, overrides(args, buckets) + [
-        "parallel.plan=auto", f"train.compile_cache_dir={os.path.join(work, 'jax_cache')}",
-        f"parallel.costmodel_dir={os.path.join(work, 'costmodel')}"])
+    try:
+        buckets = dysejax.load_config(args.config, args.set).data.buckets
+        cfg = dysejax.load_config(args.config, args.set + overrides(args, buckets) + [
+            "parallel.plan=auto", f"train.compile_cache_dir={os.path.join(work, 'jax_cache')}",
+            f"parallel.costmodel_dir={os.path.join(work, 'costmodel')}"])
+    except dysejax.ConfigError as e:
+        sys.exit(f"error: {e}")
     runtime.configure_host_devices(cfg.parallel.cpu_devices)
     import jax
     t_start = time.time()
