@@ -11,8 +11,10 @@ are checked against the measurements:
 * per-model correction (what `auto` uses with `parallel.profile_time`): the shipped CPU rates
   (`costmodel/calibrations/cpu.json`, fitted by fit_cpu_calibration.py on another layer and other
   shapes) corrected per option by its times at two lengths (`costmodel.time_correction`),
-  predicted at every other length: between the two (fitted at the smallest and largest, as the
-  trainer does with its buckets), and below and above them (fitted at two middle lengths);
+  predicted at every other length: between the two (fitted at the shortest and longest length
+  the option can run, as the trainer does with its buckets: `dp` and `fsdp` cannot split the
+  batches of 4 and 1 rows, so they have no length between), and below and above them (fitted at
+  two middle lengths);
 * the shipped rates alone, at every length (what prices an option without `profile_time`);
 * device rates fitted here (`costmodel.profile.fit_time`) on the middle lengths of the first
   shape, predicted at the shorter and longer lengths and on the second shape.
@@ -93,26 +95,31 @@ def measure(cache: dict, path: str, mesh, spec, label: str, lengths, repeats: in
             for r in remats() if cache.get(f"{label}|{n}|{s}@{r}")]
 
 
-def correction_errors(cal, samples, fit_lengths) -> list[dict]:
-    """Fit each option's correction on `fit_lengths`, predict its other lengths."""
+def correction_errors(cal, samples, fit_lengths=None) -> list[dict]:
+    """Fit each option's correction at `fit_lengths`, or (None) at the shortest and longest
+    length it was measured at, as the trainer does with its buckets; predict its other lengths."""
     from costmodel.time_correction import OptionTimes, label_of
+    measured_at: dict = {}
+    for smp in samples:
+        measured_at.setdefault(label_of(smp.strategy, smp.remat), set()).add(smp.shape.seq_len)
+    fit_at = {label: set(fit_lengths) if fit_lengths else {min(at), max(at)} for label, at in measured_at.items()}
     points = {}
     for smp in samples:
-        if smp.shape.seq_len in fit_lengths:
-            points.setdefault(label_of(smp.strategy, smp.remat), []).append(
-                [smp.shape.batch, smp.shape.seq_len, smp.seconds / smp.n_layers])
+        label = label_of(smp.strategy, smp.remat)
+        if smp.shape.seq_len in fit_at[label]:
+            points.setdefault(label, []).append([smp.shape.batch, smp.shape.seq_len, smp.seconds / smp.n_layers])
     spec = samples[0].shape.spec
     fitted = cal.with_layer_times(OptionTimes(asdict(spec), points))
     rows = []
     for smp in samples:
-        if smp.shape.seq_len in fit_lengths or label_of(smp.strategy, smp.remat) not in points:
+        label = label_of(smp.strategy, smp.remat)
+        if smp.shape.seq_len in fit_at[label] or label not in points:
             continue
         pred = fitted.layer_time(smp.shape, smp.strategy, smp.remat)
         meas = smp.seconds / smp.n_layers
         rows.append({"strategy": smp.strategy, "remat": smp.remat, "seq_len": smp.shape.seq_len,
                      "batch": smp.shape.batch, "measured_s": meas, "predicted_s": pred,
-                     "err": abs(pred - meas) / meas,
-                     "how": fitted.option_scales(smp.shape)[label_of(smp.strategy, smp.remat)].how})
+                     "err": abs(pred - meas) / meas, "how": fitted.option_scales(smp.shape)[label].how})
     return rows
 
 
@@ -145,6 +152,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--cache", default=os.path.join("runs", "time_accuracy"), help="measured samples (reused)")
     ap.add_argument("--held-lengths", type=int, nargs="+", default=list(HELD_LENGTHS),
                     help="lengths of the held-out shape (XLA:CPU aborts some programs at 8,192 here)")
+    ap.add_argument("--calibration", metavar="JSON", help="price with this calibration instead of the shipped one "
+                    "(e.g. an earlier commit's costmodel/calibrations/cpu.json, with --cache: nothing is timed again)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     from dysejax import runtime
@@ -165,14 +174,17 @@ def main(argv=None) -> dict:
     main_samples = measure(cache, path, mesh, main_spec, "main", lengths, args.repeats, log)
     held_samples = measure(cache, path, mesh, held_spec, "held", args.held_lengths, args.repeats, log)
 
-    lo, hi = lengths[0], lengths[-1]
     mid = lengths[1:-1]
     inner = (mid[0], mid[-1])
     kind = device_kind_of(mesh)
     coeffs, step, fit = fit_time([s for s in main_samples if s.shape.seq_len in mid], name=kind)
     cal = Calibration(kind, dict(mesh.shape), coeffs, step_overhead_s=step, meta={"fit": fit})
-    shipped = default_calibration()
-    between = correction_errors(shipped, main_samples, (lo, hi))
+    if args.calibration:
+        with open(args.calibration) as fh:
+            shipped = Calibration.from_json(json.load(fh))
+    else:
+        shipped = default_calibration()
+    between = correction_errors(shipped, main_samples)
     outside = correction_errors(shipped, main_samples, inner)
     shipped_rates = rate_errors(shipped, main_samples, "main, shipped rates")
     rates = rate_errors(cal, [s for s in main_samples if s.shape.seq_len not in mid], "main, held-out lengths")
@@ -180,8 +192,9 @@ def main(argv=None) -> dict:
     result = {
         "devices": mesh.devices.size, "platform": mesh.devices.flat[0].platform, "tokens_per_step": TOKENS,
         "lengths": list(lengths), "held_shape_lengths": list(args.held_lengths),
+        "calibration": args.calibration or "costmodel/calibrations/cpu.json",
         "main_spec": asdict(main_spec), "held_spec": asdict(held_spec),
-        "correction_between": {"fit_lengths": [lo, hi], "per_strategy": per_strategy(between), "rows": between},
+        "correction_between": {"fit_lengths": "each option's shortest and longest", "per_strategy": per_strategy(between), "rows": between},
         "correction_outside": {"fit_lengths": list(inner), "per_strategy": per_strategy(outside), "rows": outside},
         "shipped_rates": {"per_strategy": per_strategy(shipped_rates), "rows": shipped_rates},
         "rates_held_out_lengths": {"fit_lengths": list(mid), "per_strategy": per_strategy(rates), "rows": rates},
@@ -201,7 +214,7 @@ def main(argv=None) -> dict:
             e = block["per_strategy"].get(s)
             cells.append(f"{e['median']:>11.1%} / {e['max']:<10.1%}" if e else f"{'—':>24}")
         print(f"{s:<9}" + "".join(cells))
-    print(f"corrected: the shipped rates (fit_cpu_calibration.py) per option at {[lo, hi]} (between) or "
+    print(f"corrected: the rates of {result['calibration']} per option at its shortest and longest length (between) or "
           f"{list(inner)} (outside); rates fitted here at {list(mid)}; "
           f"rate fit undetermined terms: {fit['undetermined'] or 'none'}")
     if args.json:
