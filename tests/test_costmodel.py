@@ -263,9 +263,12 @@ def test_fit_time_recovers_known_rates():
 
 def test_profile_times_real_programs_and_caches(tmp_path):
     mesh = build_mesh({"data": 8})
-    cal = profile(mesh, SPEC_TINY, (64, 128), strategies=("dp", "tp"), repeats=1, directory=str(tmp_path))
+    cal = profile(mesh, SPEC_TINY, (64, 128), strategies=("dp", "tp"), repeats=1, directory=str(tmp_path),
+                  more_shapes=[(1, 256)])
     assert cal.device_kind.startswith("cpu") and cal.time.shared_compute and not cal.time.overlap
-    assert cal.meta["fit"]["n_samples"] == 4
+    # 8 rows at 64 and 128 for both; one row of 256 only for tp (dp cannot split one row over 8 devices)
+    assert cal.meta["fit"]["n_samples"] == 5 and cal.meta["more_shapes"] == [[1, 256]]
+    assert sorted((s["strategy"], s["batch"], s["seq_len"]) for s in cal.meta["samples"] if s["batch"] == 1) == [("tp", 1, 256)]
     assert load_calibration(str(tmp_path), cal.device_kind, {"data": 8}) is not None
     again = profile(mesh, SPEC_TINY, (64, 128), strategies=("dp", "tp"), directory=str(tmp_path))
     assert again.meta["created"] == cal.meta["created"]  # read from the cache, nothing re-run
