@@ -102,18 +102,23 @@ def _admit(c: Contender, trainer, bucket: int, program) -> None:
 
 @dataclass
 class Timings:
-    """Measured seconds per (bucket, plan id), one entry per batch of the bucket in batch order,
-    and the batches' real tokens per bucket."""
+    """Measured seconds per (bucket, plan id), one entry per batch of the bucket in batch order
+    (the median of `repeats` runs on it; `runs` keeps them all), and the batches' real tokens
+    per bucket."""
 
+    repeats: int = 1
     seconds: dict = field(default_factory=dict)  # (bucket, plan_id) -> [s per batch]
+    runs: dict = field(default_factory=dict)  # (bucket, plan_id) -> [[s per run] per batch]
     tokens: dict = field(default_factory=dict)  # bucket -> [real tokens per batch]
     compiles_after_warmup: int = 0
 
 
-def measure(trainer, contenders: list[Contender], batches: list, progress=print) -> Timings:
-    """Run every distinct program of every contender on each batch, after one untimed run of
-    each; the programs of a batch run in an order rotated from batch to batch (interleaved
-    rounds), so drift in the machine's speed reaches every program alike. Returns the timings."""
+def measure(trainer, contenders: list[Contender], batches: list, repeats: int = 1, progress=print) -> Timings:
+    """Run every distinct program of every contender `repeats` times on each batch, after one
+    untimed run of each; a batch's sample of a program is the median of its runs there (one step
+    on this machine varies by ~10% from run to run, as much as from batch to batch). The
+    programs of a batch run in rounds, each round in an order rotated from the last
+    (interleaved), so drift in the machine's speed reaches every program alike."""
     import jax
     distinct: dict[int, dict[str, object]] = {}
     for c in contenders:
@@ -127,22 +132,29 @@ def measure(trainer, contenders: list[Contender], batches: list, progress=print)
         for program in distinct.get(b, {}).values():
             state, out = program(state, trainer.load_batch(pb, program.plan))
             jax.block_until_ready(out["loss"])
-    timings = Timings()
+    timings = Timings(repeats=repeats)
     lowered = trainer.compiles.lowered
     t_start = time.perf_counter()
+    turn = 0
     for i, pb in enumerate(batches):
         programs = list(distinct.get(pb.bucket, {}).values())
-        k = i % max(1, len(programs))
-        for program in programs[k:] + programs[:k]:
-            batch = trainer.load_batch(pb, program.plan)
-            t0 = time.perf_counter()
-            state, out = program(state, batch)
-            jax.block_until_ready(out["loss"])
-            timings.seconds.setdefault((pb.bucket, program.plan.id), []).append(time.perf_counter() - t0)
+        runs: dict[str, list[float]] = {}
+        for _ in range(repeats):
+            k = turn % max(1, len(programs))
+            turn += 1
+            for program in programs[k:] + programs[:k]:
+                batch = trainer.load_batch(pb, program.plan)
+                t0 = time.perf_counter()
+                state, out = program(state, batch)
+                jax.block_until_ready(out["loss"])
+                runs.setdefault(program.plan.id, []).append(time.perf_counter() - t0)
+        for pid, secs in runs.items():
+            timings.seconds.setdefault((pb.bucket, pid), []).append(statistics.median(secs))
+            timings.runs.setdefault((pb.bucket, pid), []).append(secs)
         timings.tokens.setdefault(pb.bucket, []).append(pb.real_tokens)
         if progress:
-            progress(f"batch {i + 1}/{len(batches)} (bucket {pb.bucket}, {len(programs)} programs) done, "
-                     f"{time.perf_counter() - t_start:.0f} s")
+            progress(f"batch {i + 1}/{len(batches)} (bucket {pb.bucket}, {len(programs)} programs x {repeats}) "
+                     f"done, {time.perf_counter() - t_start:.0f} s")
     timings.compiles_after_warmup = trainer.compiles.lowered - lowered
     return timings
 
@@ -183,7 +195,8 @@ def tally(c: Contender, timings: Timings, bucket_steps: dict[int, int], epoch_st
         secs = timings.seconds.get((b, c.programs[b].plan.id), []) if b in c.programs else []
         if secs:
             tok = sum(timings.tokens.get(b, []))
-            row.update(seconds=secs, tokens_per_s=tok / sum(secs), step_s=statistics.median(secs),
+            row.update(seconds=secs, runs_s=timings.runs.get((b, c.programs[b].plan.id)),
+                       tokens_per_s=tok / sum(secs), step_s=statistics.median(secs),
                        step_s_range=[min(secs), max(secs)])
             samples.append((epoch_steps.get(b, 0), secs))
         per_bucket[str(b)] = row

@@ -7,9 +7,10 @@ compiled ahead of time, a program over the per-device budget by XLA's figure can
 this stands in for out-of-memory), and so cannot a strategy that cannot serve a bucket's shape.
 
 The batches: the first --per-bucket (at least 3) batches of every bucket, in the epoch's order
-(later epochs when an epoch holds fewer). Every distinct program runs once on each batch, in an
-order rotated from batch to batch (interleaved rounds), after one untimed run each. Totals are
-projected on the whole epoch: epoch sample k = sum over buckets of the epoch's batches x the
+(later epochs when an epoch holds fewer), timed in rounds: round k holds the k-th batch of
+every bucket. Every distinct program runs --repeats times on each batch (its sample there is
+the median: one step varies by ~10% from run to run), in rounds whose order rotates
+(interleaved), after one untimed run each. Totals are projected on the whole epoch: epoch sample k = sum over buckets of the epoch's batches x the
 k-th step time measured there, so every contender's k-th epoch sample comes from the same
 batches; figures are the median with the min-max over the samples. A ratio whose ranges
 overlap is reported as a tie.
@@ -61,18 +62,20 @@ def overrides(args, buckets) -> list[str]:
 def choose_batches(data, per_bucket: int) -> tuple[list, dict[int, int]]:
     """The first `per_bucket` batches of every bucket, in the order of epoch 0 (then of epoch 1,
     ... for a bucket with fewer batches in an epoch), and epoch 0's batch count per bucket (what
-    the epoch figures weight the measured step times with)."""
+    the epoch figures weight the measured step times with). They are returned in rounds, the
+    k-th batch of every bucket in round k, so that the k-th epoch sample is measured in one
+    stretch of time: a change in the machine's speed moves whole epoch samples, not one bucket's
+    step times (measured bucket after bucket, a slow minute made one bucket 24% slower)."""
     epoch = {b: sum(p.bucket == b for p in data.epoch_plans(0)) for b in data.buckets}
-    taken = dict.fromkeys(data.buckets, 0)
-    out = []
+    taken: dict[int, list] = {b: [] for b in data.buckets}
     for e in range(64):
         for p in data.epoch_plans(e):
-            if taken[p.bucket] < per_bucket:
-                out.append(p)
-                taken[p.bucket] += 1
-        if all(n >= per_bucket for b, n in taken.items() if epoch[b]):
+            if len(taken[p.bucket]) < per_bucket:
+                taken[p.bucket].append(p)
+        if all(len(ps) >= per_bucket for b, ps in taken.items() if epoch[b]):
             break
-    return out, epoch
+    rounds = [[ps[k] for ps in taken.values() if k < len(ps)] for k in range(per_bucket)]
+    return [p for r in rounds for p in r], epoch
 
 
 def ratio(slow: dict, fast: dict) -> dict:
@@ -200,8 +203,9 @@ def print_table(result: dict) -> None:
     buckets = [b for b, n in result["bucket_steps"].items() if n]
     print(f"\n{result['devices']} x {result['platform']}, budget {result['budget_bytes'] / 2**20:.0f} MiB/device, "
           f"data {result['data']}{' (negative case: every batch in the longest bucket)' if result['negative'] else ''}"
-          f"; measured {result['bucket_steps']} batches per bucket, epoch {result['epoch_bucket_steps']}; "
-          "seconds per step: median [min-max]; epoch = sum of epoch batches x step")
+          f"; measured {result['bucket_steps']} batches per bucket, each the median of "
+          f"{result.get('repeats_per_batch', 1)} runs; epoch {result['epoch_bucket_steps']}; "
+          "seconds per step: median [min-max] over batches; epoch = sum of epoch batches x step")
     width = max(22, *(len(_cell(r["per_bucket"][b])) for r in c.values() for b in buckets))
     print(f"{'contender':<17} {'epoch s median [min-max]':>27} {'compile s':>9} " + " ".join(f"{b:>{width}}" for b in buckets)
           + f" {'max len':>8}")
@@ -306,6 +310,8 @@ def main(argv=None) -> None:
     ap.add_argument("--negative", action="store_true", help="every batch in the longest bucket (auto should tie)")
     ap.add_argument("--per-bucket", type=int, default=None,
                     help=f"batches timed per bucket (at least {MIN_SAMPLES}; default {MIN_SAMPLES})")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runs of every program on each batch; its sample there is their median (default 3)")
     ap.add_argument("--max-len-cap", type=int, default=262144,
                     help="largest length the max-length search tries (found at the cap: reported as >=)")
     ap.add_argument("--no-max-len", action="store_true", help="skip the max-length search")
@@ -322,6 +328,8 @@ def main(argv=None) -> None:
         args.no_max_len = True
     if args.per_bucket is None:
         args.per_bucket = MIN_SAMPLES
+    if args.repeats < 1:
+        sys.exit(f"error: --repeats {args.repeats}: every program runs at least once on each batch")
     if args.per_bucket < MIN_SAMPLES:
         sys.exit(f"error: --per-bucket {args.per_bucket}: a figure needs at least {MIN_SAMPLES} samples per bucket")
     _check_map_count()
@@ -367,13 +375,13 @@ def main(argv=None) -> None:
     batches, epoch_steps = choose_batches(trainer.data, args.per_bucket)
     bucket_steps = {b: sum(p.bucket == b for p in batches) for b in trainer.data.buckets}
     print(f"{len(batches)} batches, per bucket {bucket_steps}; the epoch has {epoch_steps}", flush=True)
-    timings = measure(trainer, [auto, *statics.values()], batches)
+    timings = measure(trainer, [auto, *statics.values()], batches, repeats=args.repeats)
     oracles = {f"{s}@best": oracle_over_remat(s, statics, timings, trainer.data.buckets) for s in STATIC}
     every = {"auto": auto, **statics, **oracles}
     result = {"budget_bytes": int(trainer.budget), "data": args.data, "negative": args.negative,
               "config": os.path.relpath(args.config), "devices": jax.device_count(),
               "platform": jax.devices()[0].platform, "buckets": trainer.data.buckets,
-              "batch_sizes": trainer.data.batch_sizes, "bucket_steps": {str(b): n for b, n in bucket_steps.items()},
+              "batch_sizes": trainer.data.batch_sizes, "bucket_steps": {str(b): n for b, n in bucket_steps.items()}, "repeats_per_batch": args.repeats,
               "epoch_bucket_steps": {str(b): n for b, n in epoch_steps.items()},
               "fresh_workdir": fresh, "auto_overheads": dict(trainer.planner.overheads),
               "compiles_after_warmup": timings.compiles_after_warmup,
