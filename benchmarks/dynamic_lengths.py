@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from typing import Optional
@@ -80,14 +81,21 @@ def choose_batches(data, per_bucket: int) -> tuple[list, dict[int, int]]:
 
 def ratio(slow: dict, fast: dict) -> dict:
     """slow / fast epoch time: the median ratio, its range over the samples (slowest of one
-    against fastest of the other, both ways), and whether the ranges are apart (else a tie)."""
+    against fastest of the other, both ways), and whether the ranges are apart (else a tie).
+    "paired": the ratios of the k-th samples (the same batches, timed in the same round, so
+    a drift in the machine's speed between rounds cancels), median and range."""
     (s_med, s_lo, s_hi), (f_med, f_lo, f_hi) = ((r["epoch_s"], *r["epoch_s_range"]) for r in (slow, fast))
-    return {"median": s_med / f_med, "range": [s_lo / f_hi, s_hi / f_lo], "apart": s_lo > f_hi or f_lo > s_hi}
+    out = {"median": s_med / f_med, "range": [s_lo / f_hi, s_hi / f_lo], "apart": s_lo > f_hi or f_lo > s_hi}
+    pairs = [s / f for s, f in zip(slow.get("epoch_samples_s") or [], fast.get("epoch_samples_s") or [])]
+    if pairs:
+        out["paired"] = {"median": statistics.median(pairs), "range": [min(pairs), max(pairs)]}
+    return out
 
 
 def with_overheads(row: dict, seconds: float) -> dict:
     """A contender's epoch figures with `seconds` of overheads added to every sample."""
-    return dict(row, epoch_s=row["epoch_s"] + seconds, epoch_s_range=[x + seconds for x in row["epoch_s_range"]])
+    return dict(row, epoch_s=row["epoch_s"] + seconds, epoch_s_range=[x + seconds for x in row["epoch_s_range"]],
+                epoch_samples_s=[x + seconds for x in row.get("epoch_samples_s") or []])
 
 
 def summarise(result: dict, statics: list[str]) -> None:
@@ -195,7 +203,10 @@ def _ratio_text(r: Optional[dict]) -> str:
     if not r:
         return "n/a"
     lo, hi = r["range"]
-    return f"{r['median']:.3f}x (range {lo:.3f}-{hi:.3f}{'' if r['apart'] else ', ranges overlap: a tie'})"
+    paired = r.get("paired")
+    return (f"{r['median']:.3f}x (range {lo:.3f}-{hi:.3f}{'' if r['apart'] else ', ranges overlap: a tie'})"
+            + (f", paired by round {paired['median']:.3f}x ({paired['range'][0]:.3f}-{paired['range'][1]:.3f})"
+               if paired else ""))
 
 
 def print_table(result: dict) -> None:

@@ -2,7 +2,8 @@
 
 Runs that share a `--workdir` read `auto`'s calibration from the cache the first one filled, so
 their own "with overheads" ratio charges it nearly nothing. This prints, per file, `auto`'s and
-the best complete fixed plan's epoch (median [min-max]), their ratio, and the ratio with every
+the best complete fixed plan's epoch (median [min-max]), their ratio (median, range over the
+samples, and the ratios of the samples taken in the same round, median and range), and the ratio with every
 overhead: both sides' compiles, `auto`'s search and the largest calibration any of the files
 measured (the run that paid it), so every row pays for the calibration once.
 
@@ -35,8 +36,12 @@ def main(argv=None) -> int:
         lo, hi = row["epoch_s_range"]
         return f"{row['epoch_s']:,.0f} [{lo:,.0f}-{hi:,.0f}]"
 
-    def text(r):
-        return f"{r['median']:.2f}x ({r['range'][0]:.2f}-{r['range'][1]:.2f}){'' if r['apart'] else ', tie'}"
+    def text(r, paired=True):
+        out = f"{r['median']:.2f}x ({r['range'][0]:.2f}-{r['range'][1]:.2f}){'' if r['apart'] else ', tie'}"
+        if paired and r.get("paired"):
+            lo, hi = r["paired"]["range"]
+            out += f"; by round {r['paired']['median']:.2f}x ({lo:.2f}-{hi:.2f})"
+        return out
 
     print(f"calibration charged to every row: {calibration:.0f} s (the largest measured)")
     print("| data, budget per device | `auto` epoch s | best fixed plan, epoch s | `auto` / fixed | with overheads |")
@@ -48,7 +53,7 @@ def main(argv=None) -> int:
         loaded = with_overheads(auto, charged)
         what = f"{r['data']}{', negative' if r.get('negative') else ''}, {r['budget_bytes'] / 2**20:.0f} MiB"
         print(f"| {what} | {epoch(auto)} | `{best}` {epoch(fixed)} | {text(ratio(fixed, auto))} | "
-              f"{text(ratio(with_overheads(fixed, fixed['compile_s']), loaded))} |")
+              f"{text(ratio(with_overheads(fixed, fixed['compile_s']), loaded), paired=False)} |")
     return 0
 
 
