@@ -20,9 +20,58 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+def _steps(row: dict, bold: bool) -> str:
+    if not row.get("step_s"):
+        return "—"
+    lo, hi = row["step_s_range"]
+    return f"{row['step_s']:.2f} [{lo:.2f}-{hi:.2f}]" if bold else f"{row['step_s']:.2f}"
+
+
+def contender_table(r: dict, n: int) -> list[str]:
+    """Markdown lines: one run's facts and its contenders (auto, the n fastest complete fixed
+    plans, and the fastest fixed plan at the shortest bucket when it cannot run every batch)."""
+    c, buckets = r["contenders"], [b for b, k in r["bucket_steps"].items() if k]
+    best = r["best_complete_static"]
+    per_bucket = ", ".join(f"{int(b):,}: {r['epoch_bucket_steps'][b]:,}" for b in buckets)
+    out = [f"Epoch batches per bucket: {per_bucket}; "
+           f"{r.get('repeats_per_batch', 1)} run(s) per batch; {r.get('wall_s', 0) / 60:.0f} min wall.", "",
+           "| contender | epoch s | compile s | " + " | ".join(f"{int(b):,}" for b in buckets) + " |",
+           "|---|---|---|" + "---|" * len(buckets)]
+
+    def line(name, label, bold):
+        row = c[name]
+        epoch = (f"{row['epoch_s']:,.0f} [{row['epoch_s_range'][0]:,.0f}-{row['epoch_s_range'][1]:,.0f}]"
+                 if row["epoch_s"] else "—")
+        return (f"| {label} | {epoch} | {row['compile_s']:.0f} | "
+                + " | ".join(_steps(row["per_bucket"][b], bold) for b in buckets) + " |")
+    out.append(line("auto", "`auto`", True))
+    for k, name in enumerate(r["complete_statics"][:n]):
+        out.append(line(name, f"`{name}`" + (" (best complete fixed plan)" if name == best else ""), k == 0))
+    short = buckets[0]
+    partial = [nm for nm in c if "@best" not in nm and nm != "auto" and c[nm]["epoch_s"] is None
+               and c[nm]["per_bucket"][short].get("step_s")]
+    if partial:
+        fastest = min(partial, key=lambda nm: c[nm]["per_bucket"][short]["step_s"])
+        if c[fastest]["per_bucket"][short]["step_s"] < c["auto"]["per_bucket"][short].get("step_s", 1e9) * 1.1:
+            out.append(line(fastest, f"`{fastest}` ({int(short):,} only)", True))
+    o = r["auto_overheads"]
+    plans = ", ".join(f"`{row['auto_plan']}` ({int(b):,})" for b, row in r["regret"].items())
+    regret = ", ".join(f"{row['regret']:+.1%} at {int(b):,}" for b, row in r["regret"].items()
+                       if row["regret"] is not None)
+    out += ["", f"`auto` picked {plans}. Overheads: calibration {o['calibrate_memory_s']:.0f} s (memory) + "
+            f"{o['calibrate_time_s']:.0f} s (layer times), search {o['search_s']:.2f} s. Regret {regret}."]
+    tm = (r.get("time_model") or {}).get("held_out_error")
+    if tm:
+        out.append("Time model on the held-out bucket (|predicted / measured step - 1|, median per strategy): "
+                   + ", ".join(f"`{k}` {v['median']:.1%}" for k, v in tm.items()) + ".")
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("results", nargs="+", help="JSON files written by dynamic_lengths.py")
+    p.add_argument("--contenders", type=int, default=0, metavar="N",
+                   help="also print each run's table: auto, the N fastest complete fixed plans, ...")
     args = p.parse_args(argv)
     from dynamic_lengths import ratio, with_overheads
     runs = {}
@@ -54,6 +103,10 @@ def main(argv=None) -> int:
         what = f"{r['data']}{', negative' if r.get('negative') else ''}, {r['budget_bytes'] / 2**20:.0f} MiB"
         print(f"| {what} | {epoch(auto)} | `{best}` {epoch(fixed)} | {text(ratio(fixed, auto))} | "
               f"{text(ratio(with_overheads(fixed, fixed['compile_s']), loaded), paired=False)} |")
+    for path, r in runs.items() if args.contenders else ():
+        print(f"\n{path}: {r['data']}{', negative' if r.get('negative') else ''}, "
+              f"{r['budget_bytes'] / 2**20:.0f} MiB per device, code {r['provenance']['commit'][:7]}\n")
+        print("\n".join(contender_table(r, args.contenders)))
     return 0
 
 
