@@ -10,10 +10,11 @@ The batches: the first --per-bucket (at least 3) batches of every bucket, in the
 (later epochs when an epoch holds fewer), timed in rounds: round k holds the k-th batch of
 every bucket. Every distinct program runs --repeats times on each batch (its sample there is
 the median: one step varies by ~10% from run to run), in rounds whose order rotates
-(interleaved), after one untimed run each. Totals are projected on the whole epoch: epoch sample k = sum over buckets of the epoch's batches x the
-k-th step time measured there, so every contender's k-th epoch sample comes from the same
-batches; figures are the median with the min-max over the samples. A ratio whose ranges
-overlap is reported as a tie.
+(interleaved), after one untimed run each. Totals are projected on the whole epoch: epoch
+sample k = sum over buckets of the epoch's batches x the step time of round k, so every
+contender's k-th epoch sample comes from the same batches and minutes; figures are the median
+with the min-max over the samples. A ratio whose ranges overlap is reported as a tie; ratios
+are also given paired by round.
 
 Overheads are reported per contender: programs compiled and their compile seconds per bucket;
 for `auto` also the cost model's calibration on these devices (memory fit to XLA, layer times)
