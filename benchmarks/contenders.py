@@ -103,10 +103,9 @@ def _admit(c: Contender, trainer, bucket: int, program) -> None:
 @dataclass
 class Timings:
     """Measured seconds per (bucket, plan id), one entry per batch of the bucket in batch order
-    (the median of `repeats` runs on it; `runs` keeps them all), and the batches' real tokens
-    per bucket."""
+    (the median of the runs on it; `runs` keeps them all), and the batches' real tokens per
+    bucket."""
 
-    repeats: int = 1
     seconds: dict = field(default_factory=dict)  # (bucket, plan_id) -> [s per batch]
     runs: dict = field(default_factory=dict)  # (bucket, plan_id) -> [[s per run] per batch]
     tokens: dict = field(default_factory=dict)  # bucket -> [real tokens per batch]
@@ -132,7 +131,7 @@ def measure(trainer, contenders: list[Contender], batches: list, repeats: int = 
         for program in distinct.get(b, {}).values():
             state, out = program(state, trainer.load_batch(pb, program.plan))
             jax.block_until_ready(out["loss"])
-    timings = Timings(repeats=repeats)
+    timings = Timings()
     lowered = trainer.compiles.lowered
     t_start = time.perf_counter()
     turn = 0

@@ -193,7 +193,8 @@ def max_lengths(trainer, result: dict, cap: int) -> None:
     result["auto_vs_tp_sp_max_len"] = length / tp_sp if tp_sp else None
 
 
-def _cell(row: dict) -> str:
+def step_cell(row: dict) -> str:
+    """A bucket's step time: median [min-max] over its batches, or a dash where it did not run."""
     if not row.get("step_s"):
         return "—"
     lo, hi = row["step_s_range"]
@@ -218,7 +219,7 @@ def print_table(result: dict) -> None:
           f"; measured {result['bucket_steps']} batches per bucket, each the median of "
           f"{result.get('repeats_per_batch', 1)} runs; epoch {result['epoch_bucket_steps']}; "
           "seconds per step: median [min-max] over batches; epoch = sum of epoch batches x step")
-    width = max(22, *(len(_cell(r["per_bucket"][b])) for r in c.values() for b in buckets))
+    width = max(22, *(len(step_cell(r["per_bucket"][b])) for r in c.values() for b in buckets))
     print(f"{'contender':<17} {'epoch s median [min-max]':>27} {'compile s':>9} " + " ".join(f"{b:>{width}}" for b in buckets)
           + f" {'max len':>8}")
     key = lambda n: (c[n]["epoch_s"] is None, c[n]["epoch_s"] or 0, c[n]["epoch_steps_cannot_run"])  # noqa: E731
@@ -229,7 +230,7 @@ def print_table(result: dict) -> None:
         epoch = (f"{r['epoch_s']:.0f} [{r['epoch_s_range'][0]:.0f}-{r['epoch_s_range'][1]:.0f}]"
                  if r["epoch_s"] is not None else f"— ({r['epoch_steps_cannot_run']} batches cannot run)")
         print(f"{name:<17} {epoch:>27} {r['compile_s']:9.0f} "
-              + " ".join(f"{_cell(r['per_bucket'][b]):>{width}}" for b in buckets) + f" {ml:>8}")
+              + " ".join(f"{step_cell(r['per_bucket'][b]):>{width}}" for b in buckets) + f" {ml:>8}")
     print("auto's plan per bucket: " + ", ".join(f"{b}: {c['auto']['per_bucket'][b]['plan']}" for b in buckets))
     o = result["auto_overheads"]
     print(f"auto's overheads: calibration {o['calibrate_memory_s']:.0f} s (memory) + {o['calibrate_time_s']:.0f} s "

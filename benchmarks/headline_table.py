@@ -18,13 +18,15 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dynamic_lengths import ratio, step_cell, with_overheads  # noqa: E402
 
 
-def _steps(row: dict, bold: bool) -> str:
-    if not row.get("step_s"):
+def epoch_text(row: dict) -> str:
+    """A contender's epoch seconds, median [min-max], or a dash where it cannot run every batch."""
+    if not row["epoch_s"]:
         return "—"
-    lo, hi = row["step_s_range"]
-    return f"{row['step_s']:.2f} [{lo:.2f}-{hi:.2f}]" if bold else f"{row['step_s']:.2f}"
+    lo, hi = row["epoch_s_range"]
+    return f"{row['epoch_s']:,.0f} [{lo:,.0f}-{hi:,.0f}]"
 
 
 def contender_table(r: dict, n: int) -> list[str]:
@@ -38,12 +40,11 @@ def contender_table(r: dict, n: int) -> list[str]:
            "| contender | epoch s | compile s | " + " | ".join(f"{int(b):,}" for b in buckets) + " |",
            "|---|---|---|" + "---|" * len(buckets)]
 
-    def line(name, label, bold):
+    def line(name, label, ranges):
         row = c[name]
-        epoch = (f"{row['epoch_s']:,.0f} [{row['epoch_s_range'][0]:,.0f}-{row['epoch_s_range'][1]:,.0f}]"
-                 if row["epoch_s"] else "—")
-        return (f"| {label} | {epoch} | {row['compile_s']:.0f} | "
-                + " | ".join(_steps(row["per_bucket"][b], bold) for b in buckets) + " |")
+        cells = [row["per_bucket"][b] for b in buckets]
+        steps = [step_cell(x) if ranges or not x.get("step_s") else f"{x['step_s']:.2f}" for x in cells]
+        return f"| {label} | {epoch_text(row)} | {row['compile_s']:.0f} | " + " | ".join(steps) + " |"
     out.append(line("auto", "`auto`", True))
     for k, name in enumerate(r["complete_statics"][:n]):
         out.append(line(name, f"`{name}`" + (" (best complete fixed plan)" if name == best else ""), k == 0))
@@ -52,8 +53,7 @@ def contender_table(r: dict, n: int) -> list[str]:
                and c[nm]["per_bucket"][short].get("step_s")]
     if partial:
         fastest = min(partial, key=lambda nm: c[nm]["per_bucket"][short]["step_s"])
-        if c[fastest]["per_bucket"][short]["step_s"] < c["auto"]["per_bucket"][short].get("step_s", 1e9) * 1.1:
-            out.append(line(fastest, f"`{fastest}` ({int(short):,} only)", True))
+        out.append(line(fastest, f"`{fastest}` ({int(short):,} only)", True))
     o = r["auto_overheads"]
     plans = ", ".join(f"`{row['auto_plan']}` ({int(b):,})" for b, row in r["regret"].items())
     regret = ", ".join(f"{row['regret']:+.1%} at {int(b):,}" for b, row in r["regret"].items()
@@ -73,17 +73,12 @@ def main(argv=None) -> int:
     p.add_argument("--contenders", type=int, default=0, metavar="N",
                    help="also print each run's table: auto, the N fastest complete fixed plans, ...")
     args = p.parse_args(argv)
-    from dynamic_lengths import ratio, with_overheads
     runs = {}
     for path in args.results:
         with open(path) as fh:
             runs[path] = json.load(fh)
     calibration = max(r["auto_overheads"]["calibrate_memory_s"] + r["auto_overheads"]["calibrate_time_s"]
                       for r in runs.values())
-
-    def epoch(row):
-        lo, hi = row["epoch_s_range"]
-        return f"{row['epoch_s']:,.0f} [{lo:,.0f}-{hi:,.0f}]"
 
     def text(r, paired=True):
         out = f"{r['median']:.2f}x ({r['range'][0]:.2f}-{r['range'][1]:.2f}){'' if r['apart'] else ', tie'}"
@@ -101,7 +96,7 @@ def main(argv=None) -> int:
         charged = auto["compile_s"] + r["auto_overheads"]["search_s"] + calibration
         loaded = with_overheads(auto, charged)
         what = f"{r['data']}{', negative' if r.get('negative') else ''}, {r['budget_bytes'] / 2**20:.0f} MiB"
-        print(f"| {what} | {epoch(auto)} | `{best}` {epoch(fixed)} | {text(ratio(fixed, auto))} | "
+        print(f"| {what} | {epoch_text(auto)} | `{best}` {epoch_text(fixed)} | {text(ratio(fixed, auto))} | "
               f"{text(ratio(with_overheads(fixed, fixed['compile_s']), loaded), paired=False)} |")
     for path, r in runs.items() if args.contenders else ():
         print(f"\n{path}: {r['data']}{', negative' if r.get('negative') else ''}, "
