@@ -35,7 +35,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 import numpy as np
 
 from sharding.layout import BATCH, SEQ, STORAGE_PRIORITY
-from sharding.mesh import BATCH_AXES
+from sharding.mesh import BATCH_AXES, STAGE_AXIS
 from sharding.ops.blocks import BlockSpec
 from sharding.stack import layer_weight_shapes
 from sharding.strategies import STRATEGIES, StrategyShapeError, get_strategy
@@ -49,8 +49,9 @@ PEAK_FEATURES = ("wpeak", "actX", "actF", "recomp", "buf", "tile", "quadp")
 # Shapes
 # ------------------------------------------------------------------------------------------------
 def mesh_roles_of(mesh_shape: Mapping[str, int]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(batch axes, model axes) of a mesh given as {axis: size} (as `sharding.mesh.mesh_roles`)."""
-    names = tuple(mesh_shape)
+    """(batch axes, model axes) of a mesh given as {axis: size} (as `sharding.mesh.mesh_roles`:
+    never a pipeline's stage axis)."""
+    names = tuple(a for a in mesh_shape if a != STAGE_AXIS)
     batch = tuple(a for a in names if a in BATCH_AXES)
     model = tuple(a for a in names if a not in BATCH_AXES)
     if not model:
@@ -80,7 +81,8 @@ class Shape:
 
     @property
     def n_devices(self) -> int:
-        return math.prod(self.mesh_shape.values())
+        """Devices a layer spans: every axis but a pipeline's stage axis (a stage holds its layers)."""
+        return math.prod(n for a, n in self.mesh_shape.items() if a != STAGE_AXIS)
 
     @property
     def p(self) -> int:

@@ -157,7 +157,7 @@ def default_choices(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, 
 def cost_table(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, seq_len: int, n_layers: int,
                vocab: int, param_bytes: int = 4, compute_dtype: Optional[str] = None, optimizer_slots: int = 2,
                hardware="a100-80gb", choices: Optional[Sequence[Choice]] = None, loss_chunk: int = 1024,
-               grad_accum: int = 1) -> CostTable:
+               grad_accum: int = 1, microbatches: int = 1, in_flight: int = 1) -> CostTable:
     """The cost table of one (batch, seq_len) bucket on a mesh of these named axis sizes.
 
     spec: the layer's BlockSpec (its compute_dtype is used unless `compute_dtype` is given);
@@ -172,6 +172,10 @@ def cost_table(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, seq_l
     grad_accum: the batch runs as this many micro-batches of batch / grad_accum rows, one after
     another (`train.grad_accum`): layers are stored and peak at a micro-batch, and every time but
     the optimizer update's is paid once per micro-batch.
+    microbatches, in_flight: a pipeline splits each of those again into `microbatches`; the
+    table is then one stage's (pass `n_layers` of the stage; times per micro-batch pass), whose
+    layers keep the activations of `in_flight` micro-batches at once (their states once) and
+    whose gradients are summed over the micro-batches.
     """
     from costmodel import memory as M
     from costmodel import time as T
@@ -194,9 +198,9 @@ def cost_table(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, seq_l
         coeffs = T.TimeCoefficients.from_profile(profile, mesh_shape)
         hw_name = profile.name
     mesh_shape = dict(mesh_shape)
-    if grad_accum < 1 or batch % grad_accum:
-        raise ValueError(f"batch {batch} does not split into {grad_accum} micro-batches")
-    rows = batch // grad_accum
+    if grad_accum < 1 or microbatches < 1 or batch % (grad_accum * microbatches):
+        raise ValueError(f"batch {batch} does not split into {grad_accum * microbatches} micro-batches")
+    rows = batch // (grad_accum * microbatches)
     if choices is None:
         choices = default_choices(spec, mesh_shape, rows, seq_len)
     choices = tuple(choices)
@@ -209,13 +213,13 @@ def cost_table(spec: BlockSpec, mesh_shape: Mapping[str, int], batch: int, seq_l
         mem = M.layer_memory(shape, c.strategy, c.remat)
         if calib is not None:
             mem = calib.correct_memory(c.strategy, c.remat, mem, shape)
-        stored.append(mem.stored)
+        stored.append(mem.states + in_flight * mem.activations)
         # the embedding / loss transient of a choice's strategy (its loss runs while every layer's
         # stored activations are alive) is folded into the choice's peak: max(layer, loss)
         peak.append(max(mem.peak, M.loss_memory(shape, c.strategy, vocab, loss_chunk)))
         times.append(grad_accum * (calib.layer_time(shape, c.strategy, c.remat) if calib is not None
                                    else T.layer_time(shape, c.strategy, c.remat, coeffs).total))
-    base = M.base_memory(shape, vocab, n_layers, grad_accum)
+    base = M.base_memory(shape, vocab, n_layers, grad_accum * microbatches)
     base_time = T.base_time(shape, vocab, n_layers, coeffs, grad_accum=grad_accum)
     k = len(choices)
     sw_t, sw_b = np.zeros((k, k)), np.zeros((k, k))

@@ -5,7 +5,14 @@ For each bucket (length s, batch b) the cost table of every feasible strategy x 
 budget (`costmodel.search.ranked_plans`, the exact optimum). The program cache then compiles the
 candidates in order and keeps the first whose XLA figure fits, so the candidates are: the
 optimum, the optimum under tighter budgets (a prediction that is too low for the first one is
-caught by the next), and the leanest plan last.
+caught by the next), the leanest plan, and last every layer under `full` remat with the strategy
+predicted leanest there (the floor, in case the model misjudges which plan is leanest).
+
+Under a pipeline (`parallel.pipeline`) the search prices one stage, as the pipeline runs it:
+the largest stage's layers on the mesh without the `stage` axis, one pipeline micro-batch's
+rows, the activations of the micro-batches a stage keeps in flight (`costmodel.cluster.pipeline.
+in_flight`), and a step of (micro-batches + stages - 1) stage passes (the fill and drain of equal
+stages); the stage plan it finds is every stage's plan.
 
 The figures are predictions for `parallel.hardware`: the devices here (a GPU by its profile;
 on CPU the calibration `costmodel.profile` fitted in `parallel.costmodel_dir`, else the shipped one)
@@ -22,7 +29,9 @@ from costmodel.hardware import PROFILES
 from costmodel.search import ranked_plans
 from costmodel.table import CostTable, cost_table
 from dysejax.errors import ConfigError
-from sharding.plan import Plan, Run
+from sharding.pipeline import Pipeline
+from sharding.plan import Plan, Run, compress
+from sharding.remat import LEANEST
 
 # Budget fractions the fallback candidates are searched under (after the full budget).
 FALLBACK_FRACTIONS = (0.9, 0.8, 0.65, 0.5)
@@ -108,7 +117,7 @@ def calibrate_time_here(planner: "AutoPlanner", mesh, shapes, directory: str, lo
     (`costmodel.profile.calibrate_time_for`, cached in `directory`): each option (strategy x
     remat) at the shortest and the longest of the (batch, seq_len) `shapes` where it can appear
     in a plan within the budget, so it is measured at two lengths where it may be chosen (at the
-    rows of one `planner.grad_accum` micro-batch, as the train step runs the layer)."""
+    rows a layer runs at once, `planner.layer_rows`, as the train step runs the layer)."""
     from costmodel.profile import calibrate_time_for
     where: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for batch, seq_len in sorted(set(shapes), key=lambda bs: (bs[1], bs[0])):
@@ -118,7 +127,7 @@ def calibrate_time_here(planner: "AutoPlanner", mesh, shapes, directory: str, lo
     for option, at in where.items():
         for bs in dict.fromkeys(at[:1] + at[-1:]):
             batch, seq_len = bs
-            jobs.setdefault((batch // planner.grad_accum, seq_len), []).append(option)
+            jobs.setdefault((planner.layer_rows(batch), seq_len), []).append(option)
     n = sum(len(v) for v in jobs.values())
     cal = _timed(lambda: calibrate_time_for(planner.hardware, mesh, planner.spec, jobs, directory,
                                             progress=progress and (lambda sample: progress("time"))),
@@ -140,7 +149,7 @@ class AutoPlanner:
 
     def __init__(self, spec, mesh_shape: dict, n_layers: int, vocab: int, hardware, budget: Optional[int],
                  param_dtype: str = "float32", optimizer: str = "adamw", default_remat: str = "none",
-                 loss_chunk: int = 1024, grad_accum: int = 1):
+                 loss_chunk: int = 1024, grad_accum: int = 1, pipeline: Optional[Pipeline] = None):
         self.loss_chunk = loss_chunk  # tokens per chunk of the loss (`model.loss_chunk`)
         self.grad_accum = grad_accum  # a batch runs as this many micro-batches (`train.grad_accum`)
         self.default_remat = default_remat  # runs under the model's default policy are written without one
@@ -149,14 +158,37 @@ class AutoPlanner:
         self.param_dtype, self.optimizer = param_dtype, optimizer
         self.param_bytes = DTYPE_BYTES[param_dtype]
         self.optimizer_slots = OPTIMIZER_SLOTS.get(optimizer, 2)
+        self.pipeline = pipeline
+        self.stage_layers = max(pipeline.layers_per_stage(n_layers)) if pipeline else n_layers  # what a table prices
         self._cache: dict[tuple[int, int], BucketPlan] = {}
 
+    def layer_rows(self, batch_size: int) -> int:
+        """Rows a layer runs at once: one `train.grad_accum` micro-batch, and of it one pipeline
+        micro-batch."""
+        return batch_size // self.grad_accum // (self.pipeline.microbatches if self.pipeline else 1)
+
+    def passes(self) -> int:
+        """Stage passes (forward + backward of one micro-batch) per step: 1, or a pipeline's ticks."""
+        return self.pipeline.ticks() if self.pipeline else 1
+
     def table(self, seq_len: int, batch_size: int, choices=None) -> CostTable:
-        """The cost table of this bucket (every feasible strategy x remat policy by default)."""
-        return cost_table(self.spec, self.mesh_shape, batch_size, seq_len, self.n_layers, self.vocab,
+        """The cost table of this bucket (every feasible strategy x remat policy by default); under
+        a pipeline, of its largest stage for one pipeline micro-batch (times per stage pass)."""
+        pipe = self.pipeline  # (the cost model prices a layer on its stage's devices)
+        return cost_table(self.spec, self.mesh_shape, batch_size, seq_len, self.stage_layers, self.vocab,
                           param_bytes=self.param_bytes, optimizer_slots=self.optimizer_slots,
                           hardware=self.hardware, choices=choices, loss_chunk=self.loss_chunk,
-                          grad_accum=self.grad_accum)
+                          grad_accum=self.grad_accum, microbatches=pipe.microbatches if pipe else 1,
+                          in_flight=pipe.residual_sets() if pipe else 1)
+
+    def whole(self, stage_plan: Plan) -> Plan:
+        """The model's plan when every pipeline stage runs `stage_plan` (a smaller stage its first
+        layers); `stage_plan` itself without a pipeline."""
+        if self.pipeline is None:
+            return stage_plan
+        per_layer = [(r.strategy, r.remat) for r in stage_plan.runs for _ in range(r.n_layers)]
+        layers = [c for n in self.pipeline.layers_per_stage(self.n_layers) for c in per_layer[:n]]
+        return compress(*zip(*layers))
 
     def useful_options(self, seq_len: int, batch_size: int, margin: float = 1.1) -> list:
         """The options (strategy x remat) that can appear in a plan within the budget (x margin):
@@ -165,10 +197,10 @@ class AutoPlanner:
         table = self.table(seq_len, batch_size)
         if self.budget is None:
             return [(c.strategy, c.remat) for c in table.choices]
-        leanest = int(np.argmin(table.layer_stored_bytes + table.layer_peak_bytes / max(1, self.n_layers)))
+        leanest = int(np.argmin(table.layer_stored_bytes + table.layer_peak_bytes / max(1, self.stage_layers)))
         out = []
         for k, c in enumerate(table.choices):
-            rest = [leanest] * (self.n_layers - 1)
+            rest = [leanest] * (self.stage_layers - 1)
             need = min(table.plan_bytes_backward(rest + [k]), table.plan_bytes_backward([k] + rest))
             if need <= self.budget * margin:
                 out.append((c.strategy, c.remat))
@@ -177,7 +209,8 @@ class AutoPlanner:
     def with_hardware(self, hardware) -> "AutoPlanner":
         """This planner pricing with other hardware (e.g. a calibration with measured layer times)."""
         return AutoPlanner(self.spec, self.mesh_shape, self.n_layers, self.vocab, hardware, self.budget,
-                           self.param_dtype, self.optimizer, self.default_remat, self.loss_chunk, self.grad_accum)
+                           self.param_dtype, self.optimizer, self.default_remat, self.loss_chunk, self.grad_accum,
+                           self.pipeline)
 
     def plan(self, seq_len: int, batch_size: int) -> BucketPlan:
         """The chosen plan of a bucket and its fallbacks (cached per shape)."""
@@ -192,20 +225,33 @@ class AutoPlanner:
                           for r in plan.runs))
 
     def predict(self, seq_len: int, batch_size: int, plan: Plan) -> tuple[int, float]:
-        """(bytes, seconds) the model predicts for any plan of this bucket."""
+        """(bytes, seconds) the model predicts for any plan of this bucket (under a pipeline: the
+        bytes of its largest stage, the seconds of the step)."""
         from costmodel.table import Choice
+        if self.pipeline is not None:
+            plan = max(self.pipeline.stage_plans(plan), key=lambda p: p.n_layers)
         per_layer = [Choice(r.strategy, r.remat or self.default_remat) for r in plan.runs for _ in range(r.n_layers)]
         choices = tuple(dict.fromkeys(per_layer))
         table = self.table(seq_len, batch_size, choices)
         idx = [choices.index(c) for c in per_layer]
-        return table.plan_bytes_backward(idx), table.plan_time(idx)
+        return table.plan_bytes_backward(idx), table.plan_time(idx) * self.passes()
+
+    def _floor(self, table: CostTable) -> list[Plan]:
+        """Every layer under the policy that keeps least, with the strategy whose predicted bytes
+        are fewest there (none if no strategy serves the bucket under it)."""
+        lean = [k for k, c in enumerate(table.choices) if c.remat == LEANEST]
+        if not lean:
+            return []
+        k = min(lean, key=lambda k: table.n_layers * table.layer_stored_bytes[k] + table.layer_peak_bytes[k])
+        return [Plan((Run(table.choices[k].strategy, table.n_layers, LEANEST),))]
 
     def _search(self, seq_len: int, batch_size: int) -> BucketPlan:
         table = self.table(seq_len, batch_size)
         ranking = ranked_plans(table, self.budget, fractions=FALLBACK_FRACTIONS)
         best = ranking.best
-        candidates = tuple(self.written(r.plan()) for r in ranking.candidates)
+        plans = [r.plan() for r in ranking.candidates] + self._floor(table)
+        candidates = tuple(dict.fromkeys(self.written(self.whole(p)) for p in plans))
         return BucketPlan(seq_len=seq_len, batch_size=batch_size, plan=candidates[0],
                           predicted_bytes=table.plan_bytes_backward(best.per_layer),
-                          predicted_step_s=best.time_s, fits=best.fits, candidates=candidates,
+                          predicted_step_s=best.time_s * self.passes(), fits=best.fits, candidates=candidates,
                           method=best.method)

@@ -86,6 +86,11 @@ class Planner:
         """Rows of one `train.grad_accum` micro-batch of a batch: what a layer runs at once."""
         return batch_size // self.config.train.grad_accum
 
+    def layer_rows(self, batch_size: int) -> int:
+        """Rows a layer runs at once: a `train.grad_accum` micro-batch, split again into the
+        pipeline's micro-batches if there is one."""
+        return self.micro_batch(batch_size) // (self.pipeline.microbatches if self.pipeline else 1)
+
     def check(self, plan: Plan, seq_len: int, batch_size: int) -> None:
         """Raise PlanError if a strategy of `plan` cannot serve this shape, split into
         `train.grad_accum` micro-batches as the train step runs it (ConfigError if the pipeline
@@ -129,13 +134,14 @@ class Planner:
                 # one every plan fits, and XLA's own figure is reported beside the prediction)
                 t0 = time.perf_counter()
                 if here and (budget is not None or profile_time):
-                    micro = [(self.micro_batch(batch), seq_len) for batch, seq_len in shapes]
+                    micro = [(self.layer_rows(batch), seq_len) for batch, seq_len in shapes]
                     hardware = calibrate_memory_here(hardware, self.mesh, self.spec, micro, directory, self.log,
                                                      progress)
                 self.overheads["calibrate_memory_s"] = time.perf_counter() - t0
                 planner = AutoPlanner(self.spec, dict(self.mesh.shape), cfg.model.n_layers, cfg.model.vocab_size,
                                       hardware, budget, cfg.model.param_dtype, cfg.optimizer.name, cfg.model.remat,
-                                      loss_chunk=cfg.model.loss_chunk, grad_accum=cfg.train.grad_accum)
+                                      loss_chunk=cfg.model.loss_chunk, grad_accum=cfg.train.grad_accum,
+                                      pipeline=self.pipeline)
                 t0 = time.perf_counter()
                 if here and profile_time:  # time the options that can appear in a plan, where they decide
                     planner = calibrate_time_here(planner, self.mesh, shapes, directory, self.log, progress)

@@ -78,6 +78,18 @@ class Pipeline:
         q, r = divmod(n_layers, self.stages)
         return tuple(q + (i < r) for i in range(self.stages))
 
+    def ticks(self) -> int:
+        """Lockstep ticks of one step: m + p - 1 forward (and as many backward) for `gpipe`,
+        m + 2p - 2 forward + backward for `1f1b` (see the module doc)."""
+        m, p = self.microbatches, self.stages
+        return m + p - 1 if self.schedule == "gpipe" else m + 2 * p - 2
+
+    def residual_sets(self) -> int:
+        """Micro-batches whose stage residuals (under the plan's remat) are alive at a stage's
+        peak: every forward tick's for `gpipe`, one (the stage run again in its backward) for
+        `1f1b`, whose stash holds stage inputs only."""
+        return self.microbatches + self.stages - 1 if self.schedule == "gpipe" else 1
+
     def batch_multiple(self, n_devices: int) -> int:
         """Batch sizes that are multiples of this split into micro-batches on every stage."""
         return self.microbatches * (n_devices // self.stages)
