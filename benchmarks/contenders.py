@@ -54,9 +54,13 @@ def static_plan(trainer, strategy: str, remat: str):
 
 def build_static(trainer, strategy: str, remat: str) -> Contender:
     """`strategy@remat` on every bucket: compiled ahead where the strategy can serve the shape."""
+    return build_fixed(trainer, f"{strategy}@{remat}", static_plan(trainer, strategy, remat))
+
+
+def build_fixed(trainer, name: str, plan) -> Contender:
+    """One written plan on every bucket: compiled ahead where its strategies can serve the shape."""
     from dysejax.errors import PlanError
-    c = Contender(f"{strategy}@{remat}")
-    plan = static_plan(trainer, strategy, remat)
+    c = Contender(name)
     for b in trainer.data.buckets:
         bs = trainer.data.batch_size(b)
         c.plan_ids[b] = plan.id

@@ -20,6 +20,10 @@ Overheads are reported per contender: programs compiled and their compile second
 for `auto` also the cost model's calibration on these devices (memory fit to XLA, layer times)
 and the plan search, as seconds and amortised over the epoch (epoch + overheads).
 
+--plans adds written plans as fixed contenders (one plan for every bucket), timed in the same
+rounds and predicted by the same time model: e.g. two picks of `auto` from two calibrations,
+side by side. They are not `S@R` contenders: the best-fixed-plan ratio and the regret ignore them.
+
 --negative runs the case where every batch needs the longest bucket's plan (the data packed
 into the largest bucket only): `auto` should then tie the best fixed plan.
 
@@ -27,7 +31,7 @@ On CPU the simulated devices share the cores: absolute speed means little; the r
 run are the point. The script runs unchanged on a GPU.
 
 Usage: python benchmarks/dynamic_lengths.py [--config configs/dynamic.yaml] [--budget-gb X]
-       [--data stdlib|githubcode|grch38] [--negative] [--per-bucket K] [--no-max-len]
+       [--data stdlib|githubcode|grch38] [--negative] [--per-bucket K] [--no-max-len] [--plans ID ...]
        [--workdir DIR] [--json OUT] [--png OUT]
 """
 from __future__ import annotations
@@ -41,7 +45,7 @@ from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from contenders import (REMATS, STATIC, auto_fits_at, build_auto, build_static, max_length, measure,  # noqa: E402
+from contenders import (REMATS, STATIC, auto_fits_at, build_auto, build_fixed, build_static, max_length, measure,  # noqa: E402
                         oracle_over_remat, strategy_max_lengths, tally)
 from results_io import write_json  # noqa: E402
 
@@ -332,6 +336,10 @@ def main(argv=None) -> None:
                     help="no max-length search (with --per-bucket: that many batches per bucket)")
     ap.add_argument("--workdir", help="compile cache and cost-model calibration (default: a fresh temporary "
                     "folder, so calibration and compiles are measured; reuse one to skip them on a rerun)")
+    ap.add_argument("--plans", nargs="*", default=[], metavar="PLAN_ID",
+                    help="also time these written plans, each one fixed plan for every bucket (e.g. a mix "
+                         "`auto` picked in another run: ring:2@selective,metp:2@selective); reported beside "
+                         "the others, not counted among the S@R contenders")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--png", help="write the plot here (default: next to --json)")
     ap.add_argument("--time-model-of", metavar="JSON", help="add the time-model check to this result file of "
@@ -351,6 +359,8 @@ def main(argv=None) -> None:
 
     import dysejax
     from dysejax import runtime
+    from sharding.plan import PlanSyntaxError, parse_plan
+    from sharding.strategies import STRATEGIES
 
     work = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="dynamic_lengths_"))
     fresh = not os.path.exists(os.path.join(work, "costmodel"))
@@ -359,7 +369,10 @@ def main(argv=None) -> None:
         cfg = dysejax.load_config(args.config, args.set + overrides(args, buckets) + [
             "parallel.plan=auto", f"train.compile_cache_dir={os.path.join(work, 'jax_cache')}",
             f"parallel.costmodel_dir={os.path.join(work, 'costmodel')}"])
+        written = {pid: parse_plan(pid, cfg.model.n_layers, list(STRATEGIES), where="--plans") for pid in args.plans}
     except dysejax.ConfigError as e:
+        sys.exit(f"error: {e}")
+    except PlanSyntaxError as e:
         sys.exit(f"error: {e}")
     runtime.configure_host_devices(cfg.parallel.cpu_devices)
     import jax
@@ -384,17 +397,24 @@ def main(argv=None) -> None:
             print(f"compiled {c.name:13s} " + "  ".join(
                 f"{b}:{c.bytes[b] / 2**20:.0f}M{'' if b in c.programs else '(over)'}" if b in c.bytes else f"{b}:—"
                 for b in trainer.data.buckets), flush=True)
+    fixed = {}
+    for pid, plan in written.items():
+        fixed[plan.id] = build_fixed(trainer, plan.id, plan)
+        print(f"compiled {plan.id} " + "  ".join(
+            f"{b}:{fixed[plan.id].bytes[b] / 2**20:.0f}M{'' if b in fixed[plan.id].programs else '(over)'}"
+            if b in fixed[plan.id].bytes else f"{b}:—" for b in trainer.data.buckets), flush=True)
     print("auto: " + "  ".join(f"{b}:{auto.plan_ids[b]}={auto.bytes[b] / 2**20:.0f}M" for b in trainer.data.buckets))
     batches, epoch_steps = choose_batches(trainer.data, args.per_bucket)
     bucket_steps = {b: sum(p.bucket == b for p in batches) for b in trainer.data.buckets}
     print(f"{len(batches)} batches, per bucket {bucket_steps}; the epoch has {epoch_steps}", flush=True)
-    timings = measure(trainer, [auto, *statics.values()], batches, repeats=args.repeats)
+    timings = measure(trainer, [auto, *statics.values(), *fixed.values()], batches, repeats=args.repeats)
     oracles = {f"{s}@best": oracle_over_remat(s, statics, timings, trainer.data.buckets) for s in STATIC}
-    every = {"auto": auto, **statics, **oracles}
+    every = {"auto": auto, **statics, **oracles, **fixed}
     result = {"budget_bytes": int(trainer.budget), "data": args.data, "negative": args.negative,
               "config": os.path.relpath(args.config), "devices": jax.device_count(),
               "platform": jax.devices()[0].platform, "buckets": trainer.data.buckets,
               "batch_sizes": trainer.data.batch_sizes, "bucket_steps": {str(b): n for b, n in bucket_steps.items()}, "repeats_per_batch": args.repeats,
+              "written_plans": list(fixed),
               "epoch_bucket_steps": {str(b): n for b, n in epoch_steps.items()},
               "fresh_workdir": fresh, "auto_overheads": dict(trainer.planner.overheads),
               "compiles_after_warmup": timings.compiles_after_warmup,
