@@ -31,7 +31,8 @@ def epoch_text(row: dict) -> str:
 
 def contender_table(r: dict, n: int) -> list[str]:
     """Markdown lines: one run's facts and its contenders (auto, the n fastest complete fixed
-    plans, and the fastest fixed plan at the shortest bucket when it cannot run every batch)."""
+    plans, the written plans of `--plans`, and the fastest fixed plan at the shortest bucket when
+    it cannot run every batch)."""
     c, buckets = r["contenders"], [b for b, k in r["bucket_steps"].items() if k]
     best = r["best_complete_static"]
     per_bucket = ", ".join(f"{int(b):,}: {r['epoch_bucket_steps'][b]:,}" for b in buckets)
@@ -48,8 +49,11 @@ def contender_table(r: dict, n: int) -> list[str]:
     out.append(line("auto", "`auto`", True))
     for k, name in enumerate(r["complete_statics"][:n]):
         out.append(line(name, f"`{name}`" + (" (best complete fixed plan)" if name == best else ""), k == 0))
+    for name in r.get("written_plans", []):  # --plans: written plans timed beside the others
+        out.append(line(name, f"`{name}` (written, `--plans`)", True))
     short = buckets[0]
-    partial = [nm for nm in c if "@best" not in nm and nm != "auto" and c[nm]["epoch_s"] is None
+    written = set(r.get("written_plans", []))
+    partial = [nm for nm in c if "@best" not in nm and nm != "auto" and nm not in written and c[nm]["epoch_s"] is None
                and c[nm]["per_bucket"][short].get("step_s")]
     if partial:
         fastest = min(partial, key=lambda nm: c[nm]["per_bucket"][short]["step_s"])
