@@ -9,10 +9,10 @@ caught by the next), the leanest plan, and last every layer under `full` remat w
 predicted leanest there (the floor, in case the model misjudges which plan is leanest).
 
 Under a pipeline (`parallel.pipeline`) the search prices one stage, as the pipeline runs it:
-the largest stage's layers on the mesh without the `stage` axis, one pipeline micro-batch's
-rows, the activations of the micro-batches a stage keeps in flight (`costmodel.cluster.pipeline.
-in_flight`), and a step of (micro-batches + stages - 1) stage passes (the fill and drain of equal
-stages); the stage plan it finds is every stage's plan.
+the largest stage's layers on the stage's devices (the cost model never counts the `stage` axis),
+one pipeline micro-batch's rows, the residuals the schedule keeps alive
+(`Pipeline.residual_sets`), the gradients summed over micro-batches, and a step of
+`Pipeline.ticks` stage passes; the stage plan it finds is every stage's plan.
 
 The figures are predictions for `parallel.hardware`: the devices here (a GPU by its profile;
 on CPU the calibration `costmodel.profile` fitted in `parallel.costmodel_dir`, else the shipped one)
