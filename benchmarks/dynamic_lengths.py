@@ -197,6 +197,13 @@ def max_lengths(trainer, result: dict, cap: int) -> None:
     result["auto_vs_tp_sp_max_len"] = length / tp_sp if tp_sp else None
 
 
+def print_compiled(c, buckets) -> None:
+    """One line: a contender's XLA bytes per device at each bucket, marked where over budget."""
+    print(f"compiled {c.name:13s} " + "  ".join(
+        f"{b}:{c.bytes[b] / 2**20:.0f}M{'' if b in c.programs else '(over)'}" if b in c.bytes else f"{b}:—"
+        for b in buckets), flush=True)
+
+
 def step_cell(row: dict) -> str:
     """A bucket's step time: median [min-max] over its batches, or a dash where it did not run."""
     if not row.get("step_s"):
@@ -369,10 +376,8 @@ def main(argv=None) -> None:
         cfg = dysejax.load_config(args.config, args.set + overrides(args, buckets) + [
             "parallel.plan=auto", f"train.compile_cache_dir={os.path.join(work, 'jax_cache')}",
             f"parallel.costmodel_dir={os.path.join(work, 'costmodel')}"])
-        written = {pid: parse_plan(pid, cfg.model.n_layers, list(STRATEGIES), where="--plans") for pid in args.plans}
-    except dysejax.ConfigError as e:
-        sys.exit(f"error: {e}")
-    except PlanSyntaxError as e:
+        written = [parse_plan(pid, cfg.model.n_layers, list(STRATEGIES), where="--plans") for pid in args.plans]
+    except (dysejax.ConfigError, PlanSyntaxError) as e:
         sys.exit(f"error: {e}")
     runtime.configure_host_devices(cfg.parallel.cpu_devices)
     import jax
@@ -394,15 +399,10 @@ def main(argv=None) -> None:
         for r in REMATS:
             c = build_static(trainer, s, r)
             statics[c.name] = c
-            print(f"compiled {c.name:13s} " + "  ".join(
-                f"{b}:{c.bytes[b] / 2**20:.0f}M{'' if b in c.programs else '(over)'}" if b in c.bytes else f"{b}:—"
-                for b in trainer.data.buckets), flush=True)
-    fixed = {}
-    for pid, plan in written.items():
-        fixed[plan.id] = build_fixed(trainer, plan.id, plan)
-        print(f"compiled {plan.id} " + "  ".join(
-            f"{b}:{fixed[plan.id].bytes[b] / 2**20:.0f}M{'' if b in fixed[plan.id].programs else '(over)'}"
-            if b in fixed[plan.id].bytes else f"{b}:—" for b in trainer.data.buckets), flush=True)
+            print_compiled(c, trainer.data.buckets)
+    fixed = {plan.id: build_fixed(trainer, plan.id, plan) for plan in written}
+    for c in fixed.values():
+        print_compiled(c, trainer.data.buckets)
     print("auto: " + "  ".join(f"{b}:{auto.plan_ids[b]}={auto.bytes[b] / 2**20:.0f}M" for b in trainer.data.buckets))
     batches, epoch_steps = choose_batches(trainer.data, args.per_bucket)
     bucket_steps = {b: sum(p.bucket == b for p in batches) for b in trainer.data.buckets}

@@ -100,6 +100,12 @@ def profile_for_kind(device_kind: str) -> Optional[str]:
     return None
 
 
+def layer_rows(batch_size: int, grad_accum: int, pipeline: Optional[Pipeline]) -> int:
+    """Rows a layer runs at once: one `train.grad_accum` micro-batch of the batch, and of it one
+    pipeline micro-batch if there is a pipeline."""
+    return batch_size // grad_accum // (pipeline.microbatches if pipeline else 1)
+
+
 def calibrate_memory_here(calibration, mesh, spec, shapes, directory: str, log=print, progress=None):
     """`calibration` with memory corrections fitted for this model on the devices here: each
     strategy at the shortest and longest of `shapes` it can serve (`costmodel.profile`, cached in
@@ -163,9 +169,8 @@ class AutoPlanner:
         self._cache: dict[tuple[int, int], BucketPlan] = {}
 
     def layer_rows(self, batch_size: int) -> int:
-        """Rows a layer runs at once: one `train.grad_accum` micro-batch, and of it one pipeline
-        micro-batch."""
-        return batch_size // self.grad_accum // (self.pipeline.microbatches if self.pipeline else 1)
+        """Rows a layer of this model runs at once (`layer_rows`)."""
+        return layer_rows(batch_size, self.grad_accum, self.pipeline)
 
     def passes(self) -> int:
         """Stage passes (forward + backward of one micro-batch) per step: 1, or a pipeline's ticks."""

@@ -17,7 +17,7 @@ from costmodel.hardware import PROFILES
 from costmodel.table import CostTable
 from dysejax import runtime
 from dysejax.autoplan import (AutoPlanner, BucketPlan, calibrate_memory_here, calibrate_time_here,
-                              check_hardware, resolve_hardware)
+                              check_hardware, layer_rows, resolve_hardware)
 from dysejax.config import Config
 from dysejax.errors import ConfigError, PlanError
 from dysejax.plans import AUTO, plan_entries
@@ -86,11 +86,6 @@ class Planner:
         """Rows of one `train.grad_accum` micro-batch of a batch: what a layer runs at once."""
         return batch_size // self.config.train.grad_accum
 
-    def layer_rows(self, batch_size: int) -> int:
-        """Rows a layer runs at once: a `train.grad_accum` micro-batch, split again into the
-        pipeline's micro-batches if there is one."""
-        return self.micro_batch(batch_size) // (self.pipeline.microbatches if self.pipeline else 1)
-
     def check(self, plan: Plan, seq_len: int, batch_size: int) -> None:
         """Raise PlanError if a strategy of `plan` cannot serve this shape, split into
         `train.grad_accum` micro-batches as the train step runs it (ConfigError if the pipeline
@@ -134,7 +129,8 @@ class Planner:
                 # one every plan fits, and XLA's own figure is reported beside the prediction)
                 t0 = time.perf_counter()
                 if here and (budget is not None or profile_time):
-                    micro = [(self.layer_rows(batch), seq_len) for batch, seq_len in shapes]
+                    micro = [(layer_rows(batch, cfg.train.grad_accum, self.pipeline), seq_len)
+                             for batch, seq_len in shapes]
                     hardware = calibrate_memory_here(hardware, self.mesh, self.spec, micro, directory, self.log,
                                                      progress)
                 self.overheads["calibrate_memory_s"] = time.perf_counter() - t0
