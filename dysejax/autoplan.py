@@ -4,8 +4,8 @@ For each bucket (length s, batch b) the cost table of every feasible strategy x 
 (`costmodel.table.cost_table`) is searched for the fastest per-layer plan within the memory
 budget (`costmodel.search.ranked_plans`, the exact optimum). The program cache then compiles the
 candidates in order and keeps the first whose XLA figure fits, so the candidates are: the
-optimum, the optimum under tighter budgets (a prediction that is too low for the first one is
-caught by the next), the leanest plan, and last every layer under `full` remat with the strategy
+optimum, a ladder of optima each needing 5% fewer bytes than the one before (a prediction that
+is too low for one is caught by the next), the leanest plan, and last every layer under `full` remat with the strategy
 predicted leanest there (the floor, in case the model misjudges which plan is leanest).
 
 Under a pipeline (`parallel.pipeline`) the search prices one stage, as the pipeline runs it:
@@ -33,8 +33,6 @@ from sharding.pipeline import Pipeline
 from sharding.plan import Plan, Run, compress
 from sharding.remat import LEANEST
 
-# Budget fractions the fallback candidates are searched under (after the full budget).
-FALLBACK_FRACTIONS = (0.9, 0.8, 0.65, 0.5)
 OPTIMIZER_SLOTS = {"adamw": 2, "adam": 2, "adabelief": 2, "adam3": 2, "sgdm": 1}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
@@ -252,7 +250,7 @@ class AutoPlanner:
 
     def _search(self, seq_len: int, batch_size: int) -> BucketPlan:
         table = self.table(seq_len, batch_size)
-        ranking = ranked_plans(table, self.budget, fractions=FALLBACK_FRACTIONS)
+        ranking = ranked_plans(table, self.budget)
         best = ranking.best
         plans = [r.plan() for r in ranking.candidates] + self._floor(table)
         candidates = tuple(dict.fromkeys(self.written(self.whole(p)) for p in plans))

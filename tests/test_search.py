@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from costmodel.search import ParaDySeSelector, exact_plan, non_dominated, paradyse_plan, ranked_plans, table_arrays
+from costmodel.search import ParaDySeSelector, exact_plan, leanest_plan, non_dominated, paradyse_plan, ranked_plans, table_arrays
 from costmodel.table import Choice, CostTable
 from tests.oracles.grid_dp import grid_dp_plan
 from tests.oracles.milp import milp_plan
@@ -38,22 +38,39 @@ def _table96(s, b, remats=None):
 # the entry point: ranked plans
 # ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("seed", range(4))
-def test_ranked_plans_optimum_then_tighter_optima_then_leanest(seed):
+def test_ranked_plans_optimum_then_a_ladder_then_leanest(seed):
     tb = random_table(300 + seed, n_layers=16, n_choices=6)
     B = budget_between(tb, 0.7)
-    r = ranked_plans(tb, B, fractions=(0.9, 0.8, 0.65, 0.5))
+    r = ranked_plans(tb, B, step=0.05, rungs=6)
     opt = exact_plan(tb, B)
     assert r.fits and r.best.per_layer == opt.per_layer and r.candidates[0] is r.best
     ids = [c.plan_id for c in r.candidates]
     assert len(set(ids)) == len(ids) and len(ids) >= 2
-    lean = r.candidates[-1]
-    assert lean.method == "leanest" and lean.bytes == min(c.bytes for c in r.candidates)
-    assert lean.bytes <= min(tb.plan_bytes(tb.uniform(k)) for k in range(tb.K))
-    for c in r.candidates[1:-1]:  # each fallback: the optimum under its own (tighter) budget
-        assert c.method == "exact" and c.fits and c.bytes <= c.budget_bytes < B
+    lean = r.candidates[-1]  # the leanest plan (or the last rung, when that is the leanest plan)
+    assert lean.bytes == min(c.bytes for c in r.candidates) == leanest_plan(tb, B).bytes
+    ladder = [c for c in r.candidates if c.method == "exact"]
+    assert 2 <= len(ladder) <= 7 and r.candidates[:len(ladder)] == tuple(ladder)
+    for before, c in zip(ladder, ladder[1:]):  # each rung: the optimum 5% below the one before it
+        assert c.fits and c.budget_bytes == pytest.approx(0.95 * before.bytes)
+        assert c.bytes <= 0.95 * before.bytes
         assert c.time_s == pytest.approx(exact_plan(tb, c.budget_bytes).time_s)
-    times = [c.time_s for c in r.candidates[:-1]]
-    assert times == sorted(times)  # tighter budgets never give faster plans
+        assert c.time_s >= before.time_s  # fewer bytes never give a faster optimum
+    if len(ladder) < 7:  # the ladder stopped early: nothing fits 5% below its last rung
+        assert not exact_plan(tb, 0.95 * ladder[-1].bytes).fits
+
+
+def test_ranked_plans_ladder_keeps_the_plan_just_below_the_optimum():
+    """The fallback after an optimum near the budget is the fastest plan 5% below it, not the
+    optimum under a fixed fraction of the budget (which skipped plans between the two)."""
+    tb = random_table(11, n_layers=8, n_choices=5)
+    B = budget_between(tb, 0.9)
+    r = ranked_plans(tb, B)
+    second = r.candidates[1]
+    assert r.best.bytes > 0.95 * B and second.per_layer == exact_plan(tb, r.best.bytes * 0.95).per_layer
+    assert second.bytes > 0.9 * B  # the old rung (optimum under 0.9 x budget) could not offer it ...
+    assert second.time_s < exact_plan(tb, 0.9 * B).time_s  # ... and it is faster than that rung's plan
+    with pytest.raises(ValueError, match=r"step 1.0: the share of bytes each fallback saves must be in \(0, 1\)"):
+        ranked_plans(tb, B, step=1.0)
 
 
 def test_ranked_plans_nothing_fits_and_no_budget():
