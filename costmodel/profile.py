@@ -416,24 +416,35 @@ def _model_cache_path(directory: Optional[str], what: str, mesh, spec: BlockSpec
     return cache_path(directory, device_kind_of(mesh), mesh_shape).replace(".json", f"__{what}-{digest}.json")
 
 
+# The costmodel modules that build, compile and measure the calibration programs; the rest of
+# `costmodel` (fits, tables, search) only reads the samples, so editing it keeps them valid.
+MEASURING_MODULES = ("probe.py", "hlo.py", "memory_fit.py", "profile.py")
+
+
+def measured_sources() -> list[str]:
+    """The source files a cached sample depends on: the `sharding` package (the programs) and
+    `MEASURING_MODULES` (how they are built and measured), in a fixed order."""
+    import sharding
+    root = os.path.dirname(sharding.__file__)
+    files = [os.path.join(r, name) for r, _, names in sorted(os.walk(root)) for name in sorted(names)
+             if name.endswith(".py")]
+    here = os.path.dirname(os.path.abspath(__file__))
+    return files + [os.path.join(here, name) for name in MEASURING_MODULES]
+
+
 def code_version() -> list[str]:
-    """What the compiled programs depend on besides the model: JAX's and jaxlib's versions and a
-    digest of the `sharding` and `costmodel` sources (computed once per process)."""
+    """What the cached samples depend on besides the model: JAX's and jaxlib's versions and a
+    digest of `measured_sources()` (computed once per process)."""
     global _code_version
     if _code_version is None:
         import hashlib
 
         import jax
         import jaxlib
-
-        import sharding
         digest = hashlib.sha1()
-        for package in (os.path.dirname(sharding.__file__), os.path.dirname(os.path.abspath(__file__))):
-            for root, dirs, files in sorted(os.walk(package)):
-                dirs.sort()
-                for name in sorted(f for f in files if f.endswith(".py")):
-                    with open(os.path.join(root, name), "rb") as fh:
-                        digest.update(name.encode() + fh.read())
+        for path in measured_sources():
+            with open(path, "rb") as fh:
+                digest.update(os.path.basename(path).encode() + fh.read())
         _code_version = [jax.__version__, jaxlib.__version__, digest.hexdigest()[:12]]
     return _code_version
 

@@ -1,5 +1,6 @@
 """The cost model: CostTable arithmetic, memory vs XLA, time-model orderings, profile cache."""
 import math
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -351,6 +352,18 @@ def test_calibrate_time_for_measures_each_option_once_and_caches(tmp_path, monke
     assert again.layer_times == cal.layer_times
     fewer = calibrate_time_for(default_calibration(), mesh, SPEC_TINY, {(8, 64): [("dp", "none")]}, str(tmp_path))
     assert set(fewer.layer_times.points) == {"dp@none"}
+
+
+def test_cached_samples_are_keyed_by_the_measuring_code_only():
+    """A calibration stays valid across edits of the search, tables and fits (they only read
+    the samples); the programs (`sharding`) and the measuring modules key it."""
+    import costmodel.profile as P
+    names = {os.path.relpath(f, os.path.dirname(os.path.dirname(P.__file__))) for f in P.measured_sources()}
+    assert {"sharding/stack.py", "sharding/ops/blocks.py", "sharding/remat.py", "costmodel/probe.py",
+            "costmodel/profile.py", "costmodel/memory_fit.py", "costmodel/hlo.py"} <= names
+    assert not any(n.startswith(("costmodel/search/", "costmodel/cluster/")) or n == "costmodel/table.py"
+                   for n in names)
+    assert all(os.path.isfile(f) for f in P.measured_sources())
 
 
 def test_plan_bytes_match_the_trainers_compiled_step(tmp_path, tiny_config):
