@@ -5,8 +5,9 @@ For each bucket (length s, batch b) the cost table of every feasible strategy x 
 budget (`costmodel.search.ranked_plans`, the exact optimum). The program cache then compiles the
 candidates in order and keeps the first whose XLA figure fits, so the candidates are: the
 optimum, a ladder of optima each needing 5% fewer bytes than the one before (a prediction that
-is too low for one is caught by the next), the leanest plan, and last every layer under `full` remat with the strategy
-predicted leanest there (the floor, in case the model misjudges which plan is leanest).
+is too low for one is caught by the next), the leanest plan, and last every layer under `full`
+remat with the strategy predicted leanest there (the floor, in case the model misjudges which
+plan is leanest).
 
 Under a pipeline (`parallel.pipeline`) the search prices one stage, as the pipeline runs it:
 the largest stage's layers on the stage's devices (the cost model never counts the `stage` axis),

@@ -7,14 +7,14 @@ in order when the compiled program of one does not fit (a prediction that was to
        method="paradyse");
     2. a ladder of fallbacks: the optimum under `step` (5%) fewer bytes than the candidate before
        it, `rungs` times (or until nothing fits), so each rung is the fastest plan that needs at
-       least 5% less than the one that just missed;
+       least 5% less than the one before it;
     3. the plan with the fewest bytes (`leanest`), always last.
 
 Why steps relative to the previous candidate, not fractions of the budget: a prediction is off
 by a few per cent, so the fallback that matters most is the fastest plan just below the one
 that missed. Budget fractions (0.9, 0.8, ...) skipped it whenever the optimum sat near the
-budget: at 98% the next rung was the optimum under 90%, and a plan 1.15x faster than the best
-fixed plan at 92% was never compiled (docs/headline.md, GRCh38-like held-out run).
+budget: at 98% the next rung was the optimum under 90%, so the next-fastest plans, at 90.3% and
+92%, were never compiled (docs/headline.md, GRCh38-like held-out runs).
 
 Plans that repeat an earlier one are dropped. When nothing fits the budget, the ranking is the
 leanest plan alone (`best.fits` is False). With no budget (None), the budget is one every plan
