@@ -49,10 +49,10 @@ def contender_table(r: dict, n: int) -> list[str]:
     out.append(line("auto", "`auto`", True))
     for k, name in enumerate(r["complete_statics"][:n]):
         out.append(line(name, f"`{name}`" + (" (best complete fixed plan)" if name == best else ""), k == 0))
-    for name in r.get("written_plans", []):  # --plans: written plans timed beside the others
+    written = r.get("written_plans", [])  # --plans: written plans timed beside the others
+    for name in written:
         out.append(line(name, f"`{name}` (written, `--plans`)", True))
     short = buckets[0]
-    written = set(r.get("written_plans", []))
     partial = [nm for nm in c if "@best" not in nm and nm != "auto" and nm not in written and c[nm]["epoch_s"] is None
                and c[nm]["per_bucket"][short].get("step_s")]
     if partial:

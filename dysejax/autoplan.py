@@ -246,7 +246,7 @@ class AutoPlanner:
         lean = [k for k, c in enumerate(table.choices) if c.remat == LEANEST]
         if not lean:
             return []
-        k = min(lean, key=lambda k: table.n_layers * table.layer_stored_bytes[k] + table.layer_peak_bytes[k])
+        k = min(lean, key=lambda k: table.plan_bytes(table.uniform(k)))
         return [Plan((Run(table.choices[k].strategy, table.n_layers, LEANEST),))]
 
     def _search(self, seq_len: int, batch_size: int) -> BucketPlan:

@@ -82,15 +82,12 @@ class Planner:
             return False
         return True
 
-    def micro_batch(self, batch_size: int) -> int:
-        """Rows of one `train.grad_accum` micro-batch of a batch: what a layer runs at once."""
-        return batch_size // self.config.train.grad_accum
-
     def check(self, plan: Plan, seq_len: int, batch_size: int) -> None:
         """Raise PlanError if a strategy of `plan` cannot serve this shape, split into
         `train.grad_accum` micro-batches as the train step runs it (ConfigError if the pipeline
         cannot)."""
-        accum, rows = self.config.train.grad_accum, self.micro_batch(batch_size)
+        accum = self.config.train.grad_accum
+        rows = batch_size // accum  # one grad-accum micro-batch (a pipeline splits it again in its check)
         where = f"batch {batch_size}" + (f", micro-batches of {rows} rows with train.grad_accum={accum}"
                                           if accum > 1 else "")
         for name in plan.strategies():
