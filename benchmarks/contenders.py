@@ -57,8 +57,9 @@ def build_static(trainer, strategy: str, remat: str) -> Contender:
     return build_fixed(trainer, f"{strategy}@{remat}", static_plan(trainer, strategy, remat))
 
 
-def build_fixed(trainer, name: str, plan) -> Contender:
-    """One written plan on every bucket: compiled ahead where its strategies can serve the shape."""
+def build_fixed(trainer, name: str, plan, bounded: bool = True) -> Contender:
+    """One written plan on every bucket: compiled ahead where its strategies can serve the shape
+    and run where it fits the budget (anywhere when not `bounded`: a ceiling, not a contender)."""
     from dysejax.errors import PlanError
     c = Contender(name)
     for b in trainer.data.buckets:
@@ -72,7 +73,7 @@ def build_fixed(trainer, name: str, plan) -> Contender:
             continue
         program = trainer.programs.get("train", b, bs, plan)
         c.compile_s[b], c.compiled[b] = program.compile_s, 1
-        _admit(c, trainer, b, program)
+        _admit(c, trainer.budget if bounded else None, b, program)
     return c
 
 
@@ -91,17 +92,16 @@ def build_auto(trainer) -> Contender:
         tried = candidates[:[p.id for p in candidates].index(program.plan.id) + 1]
         compiled = [trainer.programs.get("train", b, bs, p) for p in tried]
         c.compile_s[b], c.compiled[b] = sum(p.compile_s for p in compiled), len(compiled)
-        _admit(c, trainer, b, program)
+        _admit(c, trainer.budget, b, program)
     return c
 
 
-def _admit(c: Contender, trainer, bucket: int, program) -> None:
+def _admit(c: Contender, budget, bucket: int, program) -> None:
     c.bytes[bucket] = program.bytes_per_device
-    if trainer.budget is None or program.bytes_per_device <= trainer.budget:
+    if budget is None or program.bytes_per_device <= budget:
         c.programs[bucket] = program
     else:
-        c.why_not[bucket] = (f"over budget: {program.bytes_per_device / 2**20:.1f} MiB > "
-                             f"{trainer.budget / 2**20:.1f} MiB")
+        c.why_not[bucket] = f"over budget: {program.bytes_per_device / 2**20:.1f} MiB > {budget / 2**20:.1f} MiB"
 
 
 @dataclass

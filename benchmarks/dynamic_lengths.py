@@ -24,6 +24,10 @@ and the plan search, as seconds and amortised over the epoch (epoch + overheads)
 rounds and predicted by the same time model: e.g. two picks of `auto` from two calibrations,
 side by side. They are not `S@R` contenders: the best-fixed-plan ratio and the regret ignore them.
 
+--unbounded adds written plans timed whatever their memory (the budget does not apply to them):
+with every contender's programs they give the ceiling, per bucket the fastest program timed at
+any budget, so a speed-up that falls short can be told apart from one the budget rules out.
+
 --negative runs the case where every batch needs the longest bucket's plan (the data packed
 into the largest bucket only): `auto` should then tie the best fixed plan.
 
@@ -32,7 +36,7 @@ run are the point. The script runs unchanged on a GPU.
 
 Usage: python benchmarks/dynamic_lengths.py [--config configs/dynamic.yaml] [--budget-gb X]
        [--data stdlib|githubcode|grch38] [--negative] [--per-bucket K] [--no-max-len] [--plans ID ...]
-       [--workdir DIR] [--json OUT] [--png OUT]
+       [--unbounded ID ...] [--workdir DIR] [--json OUT] [--png OUT]
 """
 from __future__ import annotations
 
@@ -143,6 +147,36 @@ def summarise(result: dict, statics: list[str]) -> None:
         regret[b] = {"auto_plan": rows["auto"]["plan"], "auto_step_s": ran["auto"], "fastest": fastest,
                      "fastest_step_s": ran[fastest], "regret": ran["auto"] / ref - 1}
     result["regret"] = regret
+    ceiling(result)
+
+
+def ceiling(result: dict) -> None:
+    """The ceiling (in place): per bucket the program with the least median step among every
+    program timed there, the --unbounded ones over the budget included; its epoch samples (round
+    k: sum over buckets of the epoch's batches x that program's k-th sample), the best complete
+    fixed plan's epoch against it, and the share of that gap `auto` closed. Absent without
+    --unbounded plans or a best complete fixed plan."""
+    c = result["contenders"]
+    best, auto = result.get("best_complete_static"), c["auto"]
+    if not result.get("unbounded_plans") or not best or not auto["epoch_s"]:
+        return
+    fastest, samples = {}, []
+    for b, n in result["epoch_bucket_steps"].items():
+        timed = {name: r["per_bucket"][b] for name, r in c.items()
+                 if not name.endswith("@best") and r["per_bucket"].get(b, {}).get("step_s")}
+        if not n or not timed:
+            continue
+        name = min(timed, key=lambda nm: timed[nm]["step_s"])
+        fastest[b] = {"program": name, "plan": timed[name]["plan"], "step_s": timed[name]["step_s"],
+                      "bytes_per_device": timed[name]["bytes_per_device"]}
+        samples.append((n, timed[name]["seconds"]))
+    k = min(len(secs) for _, secs in samples)
+    epochs = [sum(n * secs[i] for n, secs in samples) for i in range(k)]
+    row = {"per_bucket": fastest, "epoch_samples_s": epochs, "epoch_s": statistics.median(epochs),
+           "epoch_s_range": [min(epochs), max(epochs)]}
+    gap = c[best]["epoch_s"] - row["epoch_s"]
+    result["ceiling"] = dict(row, vs_best_complete_static=ratio(c[best], row),
+                             auto_share_of_gap=(c[best]["epoch_s"] - auto["epoch_s"]) / gap if gap > 0 else None)
 
 
 def time_model(trainer, result: dict) -> None:
@@ -158,6 +192,8 @@ def time_model(trainer, result: dict) -> None:
     default = trainer.config.model.remat
     programs = {}
     for name, r in result["contenders"].items():
+        if name in result.get("unbounded_plans", ()):  # over the budget: no plan auto could pick
+            continue
         for b, row in r["per_bucket"].items():
             if row.get("step_s") and row.get("plan"):
                 programs.setdefault((b, row["plan"]), row["step_s"])
@@ -231,7 +267,8 @@ def print_table(result: dict) -> None:
           f"{result.get('repeats_per_batch', 1)} runs; epoch {result['epoch_bucket_steps']}; "
           "seconds per step: median [min-max] over batches; epoch = sum of epoch batches x step")
     width = max(22, *(len(step_cell(r["per_bucket"][b])) for r in c.values() for b in buckets))
-    print(f"{'contender':<17} {'epoch s median [min-max]':>27} {'compile s':>9} " + " ".join(f"{b:>{width}}" for b in buckets)
+    nw = max(17, *(len(n) for n in c))
+    print(f"{'contender':<{nw}} {'epoch s median [min-max]':>27} {'compile s':>9} " + " ".join(f"{b:>{width}}" for b in buckets)
           + f" {'max len':>8}")
     key = lambda n: (c[n]["epoch_s"] is None, c[n]["epoch_s"] or 0, c[n]["epoch_steps_cannot_run"])  # noqa: E731
     for name in ["auto"] + sorted((n for n in c if n != "auto"), key=key):
@@ -240,7 +277,7 @@ def print_table(result: dict) -> None:
         ml = "" if ml is None else ((">=" if r.get("max_len_capped") else "") + str(ml))
         epoch = (f"{r['epoch_s']:.0f} [{r['epoch_s_range'][0]:.0f}-{r['epoch_s_range'][1]:.0f}]"
                  if r["epoch_s"] is not None else f"— ({r['epoch_steps_cannot_run']} batches cannot run)")
-        print(f"{name:<17} {epoch:>27} {r['compile_s']:9.0f} "
+        print(f"{name:<{nw}} {epoch:>27} {r['compile_s']:9.0f} "
               + " ".join(f"{step_cell(r['per_bucket'][b]):>{width}}" for b in buckets) + f" {ml:>8}")
     print("auto's plan per bucket: " + ", ".join(f"{b}: {c['auto']['per_bucket'][b]['plan']}" for b in buckets))
     o = result["auto_overheads"]
@@ -252,6 +289,14 @@ def print_table(result: dict) -> None:
           + (f"; its epoch time / auto's = {_ratio_text(result['auto_vs_best_complete_static'])}; with overheads "
              f"(compiles; auto's calibration and search) {_ratio_text(result['auto_vs_best_complete_static_with_overheads'])}"
              if result.get("auto_vs_best_complete_static") else ""))
+    ceil = result.get("ceiling")
+    if ceil:
+        share = ceil["auto_share_of_gap"]
+        print("ceiling (per bucket the fastest program timed, at any budget: "
+              + ", ".join(f"{b}: {r['plan']} {r['bytes_per_device'] / 2**20:.1f} MiB" for b, r in ceil["per_bucket"].items())
+              + f"): epoch {ceil['epoch_s']:.0f} [{ceil['epoch_s_range'][0]:.0f}-{ceil['epoch_s_range'][1]:.0f}]; "
+              f"{best}'s epoch / the ceiling's = {_ratio_text(ceil['vs_best_complete_static'])}"
+              + (f"; auto closed {share:.0%} of that gap" if share is not None else ""))
     bo = result["best_complete_strategy_at_best_remat"]
     if bo and result.get("auto_vs_best_strategy_at_best_remat"):
         print(f"best complete strategy at its best remat per bucket (an oracle): {bo}; its epoch time / auto's = "
@@ -347,6 +392,10 @@ def main(argv=None) -> None:
                     help="also time these written plans, each one fixed plan for every bucket (e.g. a mix "
                          "`auto` picked in another run: ring:2@selective,metp:2@selective); reported beside "
                          "the others, not counted among the S@R contenders")
+    ap.add_argument("--unbounded", nargs="*", default=[], metavar="PLAN_ID",
+                    help="also time these written plans at any memory, over the budget too (e.g. "
+                         "ulysses@selective ulysses@none): the ceiling, the fastest program timed per bucket "
+                         "at any budget, against the best fixed plan; not contenders")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--png", help="write the plot here (default: next to --json)")
     ap.add_argument("--time-model-of", metavar="JSON", help="add the time-model check to this result file of "
@@ -377,6 +426,8 @@ def main(argv=None) -> None:
             "parallel.plan=auto", f"train.compile_cache_dir={os.path.join(work, 'jax_cache')}",
             f"parallel.costmodel_dir={os.path.join(work, 'costmodel')}"])
         written = [parse_plan(pid, cfg.model.n_layers, list(STRATEGIES), where="--plans") for pid in args.plans]
+        unbounded = [parse_plan(pid, cfg.model.n_layers, list(STRATEGIES), where="--unbounded")
+                     for pid in args.unbounded]
     except (dysejax.ConfigError, PlanSyntaxError) as e:
         sys.exit(f"error: {e}")
     runtime.configure_host_devices(cfg.parallel.cpu_devices)
@@ -401,6 +452,8 @@ def main(argv=None) -> None:
             statics[c.name] = c
             print_compiled(c, trainer.data.buckets)
     fixed = {plan.id: build_fixed(trainer, plan.id, plan) for plan in written}
+    fixed.update({f"{plan.id} (no budget)": build_fixed(trainer, f"{plan.id} (no budget)", plan, bounded=False)
+                  for plan in unbounded})
     for c in fixed.values():
         print_compiled(c, trainer.data.buckets)
     print("auto: " + "  ".join(f"{b}:{auto.plan_ids[b]}={auto.bytes[b] / 2**20:.0f}M" for b in trainer.data.buckets))
@@ -414,7 +467,8 @@ def main(argv=None) -> None:
               "config": os.path.relpath(args.config), "devices": jax.device_count(),
               "platform": jax.devices()[0].platform, "buckets": trainer.data.buckets,
               "batch_sizes": trainer.data.batch_sizes, "bucket_steps": {str(b): n for b, n in bucket_steps.items()}, "repeats_per_batch": args.repeats,
-              "written_plans": list(fixed),
+              "written_plans": [n for n in fixed if not n.endswith("(no budget)")],
+              "unbounded_plans": [n for n in fixed if n.endswith("(no budget)")],
               "epoch_bucket_steps": {str(b): n for b, n in epoch_steps.items()},
               "fresh_workdir": fresh, "auto_overheads": dict(trainer.planner.overheads),
               "compiles_after_warmup": timings.compiles_after_warmup,

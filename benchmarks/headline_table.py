@@ -52,8 +52,11 @@ def contender_table(r: dict, n: int) -> list[str]:
     written = r.get("written_plans", [])  # --plans: written plans timed beside the others
     for name in written:
         out.append(line(name, f"`{name}` (written, `--plans`)", True))
+    unbounded = r.get("unbounded_plans", [])  # --unbounded: timed over the budget too, for the ceiling
+    for name in unbounded:
+        out.append(line(name, f"`{name.replace(' (no budget)', '')}` (no budget, `--unbounded`)", True))
     short = buckets[0]
-    partial = [nm for nm in c if "@best" not in nm and nm != "auto" and nm not in written and c[nm]["epoch_s"] is None
+    partial = [nm for nm in c if "@best" not in nm and nm != "auto" and nm not in written + unbounded and c[nm]["epoch_s"] is None
                and c[nm]["per_bucket"][short].get("step_s")]
     if partial:
         fastest = min(partial, key=lambda nm: c[nm]["per_bucket"][short]["step_s"])
@@ -64,6 +67,13 @@ def contender_table(r: dict, n: int) -> list[str]:
                        if row["regret"] is not None)
     out += ["", f"`auto` picked {plans}. Overheads: calibration {o['calibrate_memory_s']:.0f} s (memory) + "
             f"{o['calibrate_time_s']:.0f} s (layer times), search {o['search_s']:.2f} s. Regret {regret}."]
+    ceil = r.get("ceiling")
+    if ceil:
+        v, share = ceil["vs_best_complete_static"], ceil["auto_share_of_gap"]
+        out.append("Ceiling (per bucket the fastest program timed, at any budget: " + ", ".join(
+            f"`{x['plan']}` {x['bytes_per_device'] / 2**20:.1f} MiB ({int(b):,})" for b, x in ceil["per_bucket"].items())
+            + f"): epoch {epoch_text(ceil)}, {v['median']:.2f}x ({v['range'][0]:.2f}-{v['range'][1]:.2f}) the best "
+            "complete fixed plan" + (f"; `auto` closed {share:.0%} of that gap." if share is not None else "."))
     tm = (r.get("time_model") or {}).get("held_out_error")
     if tm:
         out.append("Time model on the held-out bucket (|predicted / measured step - 1|, median per strategy): "
