@@ -57,6 +57,7 @@ CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs
 
 
 MIN_SAMPLES = 3
+NO_BUDGET = " (no budget)"  # the name suffix of an --unbounded plan
 
 
 def overrides(args, buckets) -> list[str]:
@@ -452,7 +453,7 @@ def main(argv=None) -> None:
             statics[c.name] = c
             print_compiled(c, trainer.data.buckets)
     fixed = {plan.id: build_fixed(trainer, plan.id, plan) for plan in written}
-    fixed.update({f"{plan.id} (no budget)": build_fixed(trainer, f"{plan.id} (no budget)", plan, bounded=False)
+    fixed.update({plan.id + NO_BUDGET: build_fixed(trainer, plan.id + NO_BUDGET, plan, bounded=False)
                   for plan in unbounded})
     for c in fixed.values():
         print_compiled(c, trainer.data.buckets)
@@ -467,8 +468,8 @@ def main(argv=None) -> None:
               "config": os.path.relpath(args.config), "devices": jax.device_count(),
               "platform": jax.devices()[0].platform, "buckets": trainer.data.buckets,
               "batch_sizes": trainer.data.batch_sizes, "bucket_steps": {str(b): n for b, n in bucket_steps.items()}, "repeats_per_batch": args.repeats,
-              "written_plans": [n for n in fixed if not n.endswith("(no budget)")],
-              "unbounded_plans": [n for n in fixed if n.endswith("(no budget)")],
+              "written_plans": [n for n in fixed if not n.endswith(NO_BUDGET)],
+              "unbounded_plans": [n for n in fixed if n.endswith(NO_BUDGET)],
               "epoch_bucket_steps": {str(b): n for b, n in epoch_steps.items()},
               "fresh_workdir": fresh, "auto_overheads": dict(trainer.planner.overheads),
               "compiles_after_warmup": timings.compiles_after_warmup,

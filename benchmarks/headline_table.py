@@ -18,7 +18,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dynamic_lengths import ratio, step_cell, with_overheads  # noqa: E402
+from dynamic_lengths import NO_BUDGET, ratio, step_cell, with_overheads  # noqa: E402
 
 
 def epoch_text(row: dict) -> str:
@@ -54,7 +54,7 @@ def contender_table(r: dict, n: int) -> list[str]:
         out.append(line(name, f"`{name}` (written, `--plans`)", True))
     unbounded = r.get("unbounded_plans", [])  # --unbounded: timed over the budget too, for the ceiling
     for name in unbounded:
-        out.append(line(name, f"`{name.replace(' (no budget)', '')}` (no budget, `--unbounded`)", True))
+        out.append(line(name, f"`{name.removesuffix(NO_BUDGET)}` (no budget, `--unbounded`)", True))
     short = buckets[0]
     partial = [nm for nm in c if "@best" not in nm and nm != "auto" and nm not in written + unbounded and c[nm]["epoch_s"] is None
                and c[nm]["per_bucket"][short].get("step_s")]
