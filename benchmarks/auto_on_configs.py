@@ -78,9 +78,9 @@ def main(argv=None) -> int:
               f"{r['wall_s']:7.0f}  " + ", ".join(f"{b}: {p}" for b, p in r["plans_trained"].items()), flush=True)
         for line in r["stderr_tail"]:
             print(f"    {line}")
-    ok = all(r["returncode"] == 0 and r["last_step"] == r["steps_asked"] for r in results.values())
-    print(f"{sum(r['returncode'] == 0 and r['last_step'] == r['steps_asked'] for r in results.values())} of "
-          f"{len(results)} configs trained to their last step")
+    done = [n for n, r in results.items() if r["returncode"] == 0 and r["last_step"] == r["steps_asked"]]
+    ok = len(done) == len(results)
+    print(f"{len(done)} of {len(results)} configs trained to their last step")
     if args.json:
         write_json(args.json, {"runs": results, "all_trained_to_the_end": ok})
     if not args.workdir:

@@ -163,10 +163,11 @@ def ceiling(result: dict) -> None:
         return
     fastest, samples = {}, []
     for b, n in result["epoch_bucket_steps"].items():
+        if not n:
+            continue
+        # never empty: the best complete fixed plan ran in every bucket of the epoch
         timed = {name: r["per_bucket"][b] for name, r in c.items()
                  if not name.endswith("@best") and r["per_bucket"].get(b, {}).get("step_s")}
-        if not n or not timed:
-            continue
         name = min(timed, key=lambda nm: timed[nm]["step_s"])
         fastest[b] = {"program": name, "plan": timed[name]["plan"], "step_s": timed[name]["step_s"],
                       "bytes_per_device": timed[name]["bytes_per_device"]}
